@@ -1,0 +1,174 @@
+"""Start, stop and query cache servers: kvcached, and memcached as a peer.
+
+Used by the demo, the benchmark harness and the tests. Servers always listen
+on loopback; kvcached picks its own free port (`-p 0`) and says which, so
+there is no race between choosing a port and binding it. Every server started
+here is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+KVCACHED = REPO / "server" / "build" / "kvcached"
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+class TargetError(RuntimeError):
+    """A server could not be started or queried; the message says why."""
+
+
+def kvcached_binary() -> Path:
+    """The kvcached to run: $KVCACHED_BIN if set, else the normal build."""
+    path = Path(os.environ.get("KVCACHED_BIN", KVCACHED))
+    if not path.is_file():
+        raise TargetError(f"{path} not found: build it with `make -C server`")
+    return path
+
+
+@dataclass
+class Server:
+    """A running server process on host:port, its stderr kept in a file."""
+
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    name: str
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def log(self) -> str:
+        """Everything the server wrote on stderr so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait, SIGKILL if it did not exit; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def stats(self, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:
+        return stats(self.host, self.port, group, timeout)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TargetError(f"server exited with status {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TargetError(f"server did not listen on {host}:{port} within {timeout:.0f} s")
+
+
+def start_kvcached(
+    args: list[str] | tuple[str, ...] = (),
+    binary: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Server:
+    """Start kvcached on a free loopback port with extra `args`; wait until it serves."""
+    exe = binary or kvcached_binary()
+    fd, log_name = tempfile.mkstemp(prefix="kvcached-", suffix=".log")
+    argv = [str(exe), "-l", "127.0.0.1", "-p", "0", *args]
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+    server = Server(proc, "127.0.0.1", 0, "kvcached", Path(log_name), argv)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _LISTENING.search(server.log())
+        if found:
+            server.host, server.port = found.group(1), int(found.group(2))
+            _wait_for_port(server.host, server.port, proc, deadline - time.monotonic())
+            return server
+        if proc.poll() is not None:
+            raise TargetError(f"kvcached exited with status {proc.returncode}: {server.log().strip()}")
+        time.sleep(0.01)
+    server.stop()
+    raise TargetError(f"kvcached did not report its port within {timeout:.0f} s")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for servers that cannot pick their own)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start_memcached(args: list[str] | tuple[str, ...] = (), timeout: float = 10.0) -> Server:
+    """Start Debian's memcached on a free loopback port (a real peer to compare with)."""
+    exe = shutil.which("memcached")
+    if exe is None:
+        raise TargetError("memcached not found: run scripts/provision.sh")
+    for _ in range(5):
+        port = free_port()
+        fd, log_name = tempfile.mkstemp(prefix="memcached-", suffix=".log")
+        argv = [exe, "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-U", "0", *args]
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        server = Server(proc, "127.0.0.1", port, "memcached", Path(log_name), argv)
+        try:
+            _wait_for_port("127.0.0.1", port, proc, timeout)
+            return server
+        except TargetError:
+            server.stop()  # most likely lost the port to someone else: try another
+    raise TargetError("memcached could not be started on a free port")
+
+
+def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:
+    """`stats [group]` over the text protocol, as a dict of name -> value."""
+    command = f"stats {group}\r\n" if group else "stats\r\n"
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            data += chunk
+            if data.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
+                raise TargetError(f"{host}:{port} answered `{data.decode(errors='replace').strip()}`")
+    result: dict[str, str] = {}
+    for line in data.decode(errors="replace").split("\r\n"):
+        if line.startswith("STAT "):
+            _, name, *value = line.split(" ", 2)
+            result[name] = value[0] if value else ""
+    return result

@@ -1,0 +1,111 @@
+/*
+ * The kvs USDT provider: every probe kvcached fires.
+ *
+ * The header server/build/kvs.h is generated from this file with the
+ * systemtap `dtrace -h`, and the semaphores with `dtrace -G`; never edit the
+ * generated files. Every probe has an is-enabled semaphore: a detached probe
+ * costs one predictable branch, and anything a probe needs that is not free
+ * (a clock read, a sampling decision) sits behind that branch.
+ *
+ * Per-request probes (cmd__*, atomic__sample) fire for one request in N
+ * (`kvcached --probe-sample N`, default 64), counted per worker thread and,
+ * for atomic__sample, per site. Lock probes fire only on the contended path
+ * (the trylock failed), so an uncontended lock costs nothing extra.
+ *
+ * Opcodes (cmd__* `opcode`, and `stats timings`):
+ *   0 get, 1 gets, 2 gat, 3 gats, 4 set, 5 add, 6 replace, 7 append,
+ *   8 prepend, 9 cas, 10 delete, 11 incr, 12 decr, 13 touch, 14 flush_all
+ * Statuses (cmd__done `status`):
+ *   0 ok (hit, stored, deleted, touched), 1 miss / not found,
+ *   2 exists (cas mismatch), 3 not stored, 4 error
+ * Item delete reasons (item__delete `reason`):
+ *   0 delete, 1 expire, 2 evict, 3 replace (overwritten by a store),
+ *   4 flush (invalidated by flush_all)
+ * Lock names: item_lock, lru, slabs, topkeys, topkeys_thread, connq
+ * Site names (atomic__sample `site`): collect_timings, on_create_item,
+ *   on_delete_item, account_memory
+ */
+provider kvs {
+    /**
+     * fired when a worker takes ownership of a new client connection
+     * @param fd      the connection's socket
+     * @param worker  index of the worker thread (kv-worker-N)
+     */
+    probe conn__open(int fd, int worker);
+
+    /**
+     * fired when a connection is closed, by the client, by an error or at
+     * shutdown
+     * @param fd      the connection's socket
+     * @param worker  index of the worker thread
+     */
+    probe conn__close(int fd, int worker);
+
+    /**
+     * fired before a sampled request is executed (one key of a multi-get is
+     * one request)
+     * @param worker  index of the worker thread
+     * @param opcode  see the opcode table above
+     * @param key     the key, NOT NUL-terminated (NULL for flush_all)
+     * @param keylen  length of key in bytes
+     */
+    probe cmd__start(int worker, int opcode, char *key, int keylen);
+
+    /**
+     * fired after the same sampled request was executed
+     * @param worker      index of the worker thread
+     * @param opcode      see the opcode table above
+     * @param status      see the status table above
+     * @param latency_ns  time the request took inside the server
+     */
+    probe cmd__done(int worker, int opcode, int status, uint64_t latency_ns);
+
+    /**
+     * fired when an item is linked into the cache (set, add, replace,
+     * append, prepend, cas, incr, decr)
+     * @param item  the item's address
+     * @param size  bytes the item occupies (header, key and value)
+     */
+    probe item__create(void *item, uint32_t size);
+
+    /**
+     * fired when an item leaves the cache
+     * @param item    the item's address
+     * @param size    bytes the item occupied
+     * @param reason  see the delete reason table above
+     */
+    probe item__delete(void *item, uint32_t size, int reason);
+
+    /**
+     * fired when a lock was found held (trylock failed), before blocking
+     * @param lock  the lock's address
+     * @param name  the lock's stable name (see the lock names above)
+     */
+    probe lock__wait__start(void *lock, char *name);
+
+    /**
+     * fired when the contended lock was finally acquired
+     * @param lock     the lock's address
+     * @param name     the lock's stable name
+     * @param wait_ns  how long the thread waited for it
+     */
+    probe lock__wait__done(void *lock, char *name, uint64_t wait_ns);
+
+    /**
+     * fired for a sample of the updates of each counter site, shared or
+     * per-thread
+     * @param counter  address of the word updated (its cache line is what
+     *                 bounces between cores in the shared design)
+     * @param site     the site's function name
+     * @param cycles   TSC cycles the update took, fenced on both sides
+     */
+    probe atomic__sample(void *counter, char *site, uint64_t cycles);
+
+    /**
+     * fired when a `stats` command merged data (per-thread tables and
+     * histograms, or the shared ones)
+     * @param what  the stats group: general, timings, topkeys, locks, ...
+     * @param ns    time the merge took
+     */
+    probe stats__collect(char *what, uint64_t ns);
+};

@@ -1,0 +1,204 @@
+/* kvcached: a memcached-compatible cache server whose contention sites can
+ * each be switched between the contended design and the fixed one, with
+ * USDT probes at every one of them. See docs/kvcached.md. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/listener.h"
+#include "core/worker.h"
+#include "protocol/process.h"
+#include "protocol/stats_out.h"
+#include "stats/sites.h"
+#include "stats/stats.h"
+#include "storage/items.h"
+#include "trace.h"
+#include "util.h"
+
+#define EX_USAGE 64
+
+int kv_probe_sample = 64;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvcached [options]\n"
+            "  -p PORT               TCP port (default 11211; 0 picks a free one)\n"
+            "  -l ADDR               address to listen on (default 127.0.0.1)\n"
+            "  -t N                  worker threads (default 4)\n"
+            "  -m MB                 item memory limit in megabytes (default 64)\n"
+            "  -c N                  max simultaneous connections (default 1024)\n"
+            "  -I SIZE               max value size, k/m suffix allowed (default 1m)\n"
+            "  -v                    log connections to stderr (-vv: more)\n"
+            "  --preset P            baseline (all sites shared) or fixed (all per-thread);\n"
+            "                        default baseline\n"
+            "  --timings M           collect_timings: shared or per-thread\n"
+            "  --topkeys M           update_topkeys: shared or per-thread\n"
+            "  --item-counter M      on_create_item/on_delete_item: shared or per-thread\n"
+            "  --memory-counter M    account_memory: shared or per-thread\n"
+            "  --probe-sample N      fire per-request probes for 1 request in N (default 64)\n"
+            "  -V, --version         print the version\n"
+            "  -h, --help            this help\n");
+}
+
+static void die_usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "kvcached: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see kvcached --help)\n");
+    exit(EX_USAGE);
+}
+
+static long parse_long(const char *s, const char *what, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s must be a number from %ld to %ld, not '%%s'", what, lo, hi);
+        die_usage(msg, s);
+    }
+    return v;
+}
+
+static size_t parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == 0 && end != s && (*end == 'k' || *end == 'K'))
+        v *= 1024, end++;
+    else if (errno == 0 && end != s && (*end == 'm' || *end == 'M'))
+        v *= 1024 * 1024, end++;
+    if (errno != 0 || end == s || *end != '\0' || v < 1024 || v > 128ull * 1024 * 1024)
+        die_usage("-I must be from 1k to 128m, not '%s'", s);
+    return (size_t)v;
+}
+
+static enum site_mode parse_mode(const char *s, const char *flag)
+{
+    if (strcmp(s, "shared") == 0)
+        return MODE_SHARED;
+    if (strcmp(s, "per-thread") == 0)
+        return MODE_PER_THREAD;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "%s must be 'shared' or 'per-thread', not '%%s'", flag);
+    die_usage(msg, s);
+    return MODE_SHARED;
+}
+
+static const char *preset_of(const enum site_mode modes[SITES_MAX])
+{
+    int shared = 0;
+    for (int s = 0; s < SITES_MAX; s++)
+        shared += modes[s] == MODE_SHARED;
+    return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
+}
+
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE };
+
+static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
+{
+    static const struct option longopts[] = {
+        {"preset", required_argument, NULL, OPT_PRESET},
+        {"timings", required_argument, NULL, OPT_TIMINGS},
+        {"topkeys", required_argument, NULL, OPT_TOPKEYS},
+        {"item-counter", required_argument, NULL, OPT_ITEMS},
+        {"memory-counter", required_argument, NULL, OPT_MEMORY},
+        {"probe-sample", required_argument, NULL, OPT_SAMPLE},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    enum site_mode preset = MODE_SHARED;
+    int site_set[SITES_MAX] = {0};
+    enum site_mode site_val[SITES_MAX];
+    int opt;
+
+    settings = (struct settings){
+        .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
+        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 64,
+    };
+    while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'p': settings.port = (int)parse_long(optarg, "-p", 0, 65535); break;
+        case 'l': settings.iface = optarg; break;
+        case 't': settings.nthreads = (int)parse_long(optarg, "-t", 1, KV_MAX_THREADS); break;
+        case 'm': settings.maxbytes = (size_t)parse_long(optarg, "-m", 1, 1 << 20) * 1024 * 1024; break;
+        case 'c': settings.maxconns = (int)parse_long(optarg, "-c", 1, 1 << 20); break;
+        case 'I': settings.item_size_max = parse_size(optarg); break;
+        case 'v': settings.verbose++; break;
+        case 'V': printf("kvcached %s\n", KV_VERSION); exit(0);
+        case 'h': usage(stdout); exit(0);
+        case OPT_PRESET:
+            if (strcmp(optarg, "baseline") == 0)
+                preset = MODE_SHARED;
+            else if (strcmp(optarg, "fixed") == 0)
+                preset = MODE_PER_THREAD;
+            else
+                die_usage("--preset must be 'baseline' or 'fixed', not '%s'", optarg);
+            break;
+        case OPT_TIMINGS:
+        case OPT_TOPKEYS:
+        case OPT_ITEMS:
+        case OPT_MEMORY: {
+            int s = opt - OPT_TIMINGS;
+            site_set[s] = 1;
+            site_val[s] = parse_mode(optarg, site_flag((enum site_id)s));
+            break;
+        }
+        case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 1, 1 << 30); break;
+        default: usage(stderr); exit(EX_USAGE);
+        }
+    }
+    if (optind < argc)
+        die_usage("unexpected argument '%s'", argv[optind]);
+    /* a site's own flag wins over the preset, whatever their order */
+    for (int s = 0; s < SITES_MAX; s++)
+        modes[s] = site_set[s] ? site_val[s] : preset;
+    settings.preset = preset_of(modes);
+    kv_probe_sample = settings.probe_sample;
+}
+
+int main(int argc, char **argv)
+{
+    enum site_mode modes[SITES_MAX];
+    int bound = 0, status = 1;
+    parse_args(argc, argv, modes);
+    kv_thread_idx = settings.nthreads; /* the main thread's slot */
+    kv_started_ns = now_ns();
+
+    /* bottom-up; torn down in reverse */
+    if (listener_signals_setup() != 0) {
+        perror("kvcached: signals");
+        return 1;
+    }
+    if (stats_setup(settings.nthreads) != 0 || sites_setup(settings.nthreads, modes) != 0 ||
+        items_setup(settings.maxbytes, settings.item_size_max) != 0 || workers_setup(settings.nthreads) != 0) {
+        fprintf(stderr, "kvcached: out of memory at start-up\n");
+        goto out;
+    }
+    if (listener_setup(settings.iface, settings.port, &bound) < 0)
+        goto out;
+    settings.port = bound;
+    if (workers_start() != 0)
+        goto out;
+    fprintf(stderr, "kvcached %s listening on %s:%d (%d worker%s, preset %s)\n", KV_VERSION, settings.iface, bound,
+            settings.nthreads, settings.nthreads == 1 ? "" : "s", settings.preset);
+    int sig = listener_run(settings.maxconns);
+    if (sig > 0 && settings.verbose > 0)
+        fprintf(stderr, "kvcached: %s, shutting down\n", strsignal(sig));
+    status = sig > 0 ? 0 : 1;
+out:
+    workers_stop();
+    listener_teardown();
+    workers_teardown();
+    items_teardown();
+    sites_teardown();
+    stats_teardown();
+    return status;
+}

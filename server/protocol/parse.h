@@ -1,0 +1,71 @@
+/* The text-protocol parser: a pure function over a buffer. It finds one
+ * command line, tokenizes and validates it, and says how many bytes it used;
+ * it never touches a connection, an item or a clock. */
+#ifndef KV_PARSE_H
+#define KV_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_LINE_MAX 65536 /* longest command line accepted, "\r\n" included */
+
+enum parse_status {
+    PARSE_OK,        /* *req describes one complete command */
+    PARSE_EUNFIN,    /* no complete line yet */
+    PARSE_EINVALID,  /* a complete but bad line: reply req->error, skip req->line_len */
+    PARSE_EOVERSIZE, /* no newline within the line limit: reply and drop the client */
+};
+
+#define KV_COMMANDS(X)                                                         \
+    X(GET, "get")                                                              \
+    X(GETS, "gets")                                                            \
+    X(GAT, "gat")                                                              \
+    X(GATS, "gats")                                                            \
+    X(SET, "set")                                                              \
+    X(ADD, "add")                                                              \
+    X(REPLACE, "replace")                                                      \
+    X(APPEND, "append")                                                        \
+    X(PREPEND, "prepend")                                                      \
+    X(CAS, "cas")                                                              \
+    X(DELETE, "delete")                                                        \
+    X(INCR, "incr")                                                            \
+    X(DECR, "decr")                                                            \
+    X(TOUCH, "touch")                                                          \
+    X(FLUSH_ALL, "flush_all")                                                  \
+    X(VERSION, "version")                                                      \
+    X(VERBOSITY, "verbosity")                                                  \
+    X(QUIT, "quit")                                                            \
+    X(STATS, "stats")
+
+enum command {
+#define X(id, name) CMD_##id,
+    KV_COMMANDS(X)
+#undef X
+    CMD_MAX
+};
+
+struct request {
+    enum command cmd;
+    size_t line_len;   /* bytes of the line, its "\n" included */
+    const char *error; /* PARSE_EINVALID: the reply, "\r\n" included */
+    bool noreply;
+    const char *key; /* single-key commands */
+    size_t nkey;
+    const char *keys; /* get/gets/gat/gats: the key list, space separated */
+    size_t nkeys_len;
+    uint32_t flags;
+    int64_t exptime; /* set family, touch, gat; flush_all's delay */
+    uint64_t vlen;   /* storage commands: value bytes announced */
+    uint64_t cas;
+    uint64_t delta;
+    const char *arg; /* stats group, or NULL */
+    size_t narg;
+};
+
+enum parse_status parse_request(const char *buf, size_t len, struct request *req);
+
+/* Next key of a get-family key list at *pos, or 0 when there is none. */
+size_t parse_next_key(const char *keys, size_t len, size_t *pos, const char **key);
+
+#endif
