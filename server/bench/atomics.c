@@ -1,0 +1,170 @@
+/* atomics: the study's counter experiment. N pinned threads increment a
+ * counter as fast as they can for a fixed time, in one of four designs:
+ *
+ *   shared        one atomic word, fetch_add from every thread (lock xadd on
+ *                 a line that bounces between cores)
+ *   false-shared  one atomic word per thread, all in the same cache line
+ *   padded        one atomic word per thread, each on its own cache line
+ *   local         one plain per-thread counter (load + store, no lock
+ *                 prefix), as kvcached's per-thread sites
+ *
+ * Prints one line per run, or JSON lines with --json. kvprof bench
+ * --scenario atomics runs the matrix and picks the CPUs (same socket or
+ * across sockets) from the topology. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EX_USAGE 64
+#define MAX_THREADS 256
+
+enum mode { SHARED, FALSE_SHARED, PADDED, LOCAL, MODES };
+static const char *const mode_names[MODES] = {"shared", "false-shared", "padded", "local"};
+
+static uint64_t shared_word __attribute__((aligned(64)));
+static uint64_t same_line[8] __attribute__((aligned(64)));
+static struct {
+    uint64_t v;
+} __attribute__((aligned(64))) padded_words[MAX_THREADS];
+
+static volatile int go, stop;
+
+struct worker {
+    pthread_t tid;
+    int idx, cpu;
+    enum mode mode;
+    uint64_t ops;
+} __attribute__((aligned(64)));
+
+static void *run(void *arg)
+{
+    struct worker *w = arg;
+    if (w->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(w->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    }
+    uint64_t *p = w->mode == SHARED         ? &shared_word
+                  : w->mode == FALSE_SHARED ? &same_line[w->idx % 8]
+                                            : &padded_words[w->idx].v;
+    uint64_t local = 0, n = 0;
+    while (!go)
+        ;
+    while (!stop) {
+        for (int i = 0; i < 1024; i++) {
+            switch (w->mode) {
+            case SHARED:
+            case FALSE_SHARED:
+            case PADDED:
+                __atomic_fetch_add(p, 1, __ATOMIC_RELAXED);
+                break;
+            case LOCAL:
+                /* a store the compiler must keep, without a lock prefix */
+                __atomic_store_n(&local, __atomic_load_n(&local, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+                break;
+            case MODES:
+                break;
+            }
+        }
+        n += 1024;
+    }
+    w->ops = n;
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: atomics --mode shared|false-shared|padded|local --threads N [--cpus 0,1,...]\n"
+                 "               [--duration-ms MS] [--json]\n");
+}
+
+int main(int argc, char **argv)
+{
+    enum mode mode = MODES;
+    int threads = 1, ms = 500, json = 0, ncpus = 0, cpus[MAX_THREADS];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (v == NULL) {
+            usage(stderr);
+            return EX_USAGE;
+        } else if (strcmp(a, "--mode") == 0) {
+            for (int m = 0; m < MODES; m++)
+                if (strcmp(v, mode_names[m]) == 0)
+                    mode = (enum mode)m;
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            threads = atoi(v);
+            i++;
+        } else if (strcmp(a, "--duration-ms") == 0) {
+            ms = atoi(v);
+            i++;
+        } else if (strcmp(a, "--cpus") == 0) {
+            char *copy = strdup(v), *save = NULL;
+            for (char *tok = strtok_r(copy, ",", &save); tok && ncpus < MAX_THREADS; tok = strtok_r(NULL, ",", &save))
+                cpus[ncpus++] = atoi(tok);
+            free(copy);
+            i++;
+        } else {
+            usage(stderr);
+            return EX_USAGE;
+        }
+    }
+    if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10) {
+        fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local), 1 <= --threads <= %d, "
+                        "--duration-ms >= 10\n", MAX_THREADS);
+        return EX_USAGE;
+    }
+    struct worker *w = aligned_alloc(64, sizeof(*w) * (size_t)threads);
+    memset(w, 0, sizeof(*w) * (size_t)threads);
+    for (int i = 0; i < threads; i++) {
+        w[i].idx = i;
+        w[i].mode = mode;
+        w[i].cpu = ncpus ? cpus[i % ncpus] : -1;
+        pthread_create(&w[i].tid, NULL, run, &w[i]);
+    }
+    usleep(20000); /* let every thread reach its CPU */
+    double t0 = now_s();
+    go = 1;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    stop = 1;
+    double secs = now_s() - t0;
+    uint64_t total = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(w[i].tid, NULL);
+        total += w[i].ops;
+    }
+    double ops_s = (double)total / secs, ns_op = secs * 1e9 * threads / (double)total;
+    char cpulist[512] = "";
+    for (int i = 0; i < threads && ncpus; i++) {
+        size_t len = strlen(cpulist);
+        snprintf(cpulist + len, sizeof(cpulist) - len, "%s%d", i ? "," : "", w[i].cpu);
+    }
+    if (json)
+        printf("{\"mode\": \"%s\", \"threads\": %d, \"cpus\": \"%s\", \"ops_per_sec\": %.0f, \"ns_per_op\": %.2f}\n",
+               mode_names[mode], threads, cpulist, ops_s, ns_op);
+    else
+        printf("%-13s threads %-3d cpus %-10s %14.0f ops/s  %7.2f ns/op per thread\n", mode_names[mode], threads,
+               ncpus ? cpulist : "any", ops_s, ns_op);
+    free(w);
+    return 0;
+}
