@@ -7,9 +7,9 @@
 #include <time.h>
 
 #define KV_VERSION "0.1.0"
-/* What `version` answers: a memcached-style number first, since clients
- * (libmemcached) parse it, then who we are. */
-#define KV_PROTOCOL_VERSION "1.6.0 kvcached-" KV_VERSION
+/* What `version` answers: one word (clients split stats on spaces),
+ * memcached-style number first since libmemcached parses it. */
+#define KV_PROTOCOL_VERSION "1.6.0-kvcached-" KV_VERSION
 #define KV_CACHELINE 64
 #define KV_ALIGNED __attribute__((aligned(KV_CACHELINE)))
 #define likely(x) __builtin_expect(!!(x), 1)

@@ -114,6 +114,7 @@ static void stats_slabs(conn *c)
         out_printf(c, "STAT %u:free_chunks %" PRIu64 "\r\n", i, free_chunks);
     }
     stat_u64(c, "active_slabs", active);
+    stat_u64(c, "slabs_moved", slabs_moved());
     stat_u64(c, "total_malloced", slabs_total_malloced());
 }
 

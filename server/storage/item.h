@@ -10,6 +10,8 @@
 enum item_flag {
     ITEM_LINKED = 1, /* in the hash table and an LRU */
     ITEM_ACTIVE = 2, /* read since it was last looked at by eviction (CLOCK bit) */
+    ITEM_FETCHED = 4, /* read at least once (for expired_unfetched) */
+    ITEM_FREE = 8,   /* a chunk on its class's free list */
 };
 
 typedef struct item {

@@ -24,8 +24,6 @@ static inline int iflag_test(const item *it, uint8_t f) { return __atomic_load_n
 static inline void iflag_set(item *it, uint8_t f) { __atomic_fetch_or(&it->iflags, f, __ATOMIC_RELAXED); }
 static inline void iflag_clear(item *it, uint8_t f) { __atomic_fetch_and(&it->iflags, (uint8_t)~f, __ATOMIC_RELAXED); }
 
-enum { ITEM_FETCHED = 4 };
-
 uint64_t items_next_cas(void)
 {
     /* Unique without a shared counter: the worker index in the low bits. */
@@ -142,6 +140,57 @@ static item *evict_locked(slabclass_t *c)
     return NULL;
 }
 
+/* Empties one page of another class and gives it to class `to`: without
+ * this, once the limit is reached a value of a size never seen before could
+ * never be stored (memcached's slab rebalancing, done inline and rarely).
+ * Every item on the page must be linked or free; one that is in flight (a
+ * value still arriving) or whose stripe lock is held makes it give up, and
+ * what it already evicted stays as free chunks of the victim. */
+static int move_page_to(unsigned to)
+{
+    int moved = 0;
+    slabs_move_lock();
+    unsigned v = slabs_pick_victim(to);
+    slabclass_t *victim = v ? slabs_class(v) : NULL;
+    for (unsigned n = 0; victim != NULL && n < 3 && !moved; n++) {
+        kv_lock(&victim->lock);
+        char *page = slabs_class_page(v, n);
+        int ok = page != NULL;
+        uint64_t now = now_ns();
+        for (uint32_t i = 0; ok && i < victim->perslab; i++) {
+            item *it = (item *)(page + (size_t)i * victim->size);
+            if (iflag_test(it, ITEM_FREE))
+                continue;
+            kv_lock_t *l = stripe_of(it->hv);
+            if (!iflag_test(it, ITEM_LINKED) || !kv_trylock(l)) {
+                ok = 0;
+                break;
+            }
+            int reason = dead_reason(it, now);
+            hash_remove(it);
+            kv_unlock(l);
+            lru_unlink_locked(victim, it);
+            if (reason < 0) {
+                reason = DEL_EVICT;
+                victim->evicted++;
+            } else {
+                victim->reclaimed++;
+            }
+            on_unlinked(it, reason);
+            slabs_free_chunk_locked(victim, it);
+        }
+        if (ok)
+            slabs_release_page_locked(victim, page);
+        kv_unlock(&victim->lock);
+        if (ok) {
+            slabs_adopt_page(to, page);
+            moved = 1;
+        }
+    }
+    slabs_move_unlock();
+    return moved;
+}
+
 item *items_alloc(const char *key, uint8_t nkey, uint32_t flags, uint64_t exp_ns, uint32_t nbytes)
 {
     unsigned clsid = slabs_clsid(item_ntotal(nkey, nbytes));
@@ -152,11 +201,18 @@ item *items_alloc(const char *key, uint8_t nkey, uint32_t flags, uint64_t exp_ns
     item *it = slabs_take_chunk_locked(c);
     if (it == NULL)
         it = evict_locked(c);
-    if (it == NULL)
-        c->outofmemory++;
     kv_unlock(&c->lock);
-    if (it == NULL)
+    if (it == NULL && move_page_to(clsid)) {
+        kv_lock(&c->lock);
+        it = slabs_take_chunk_locked(c);
+        kv_unlock(&c->lock);
+    }
+    if (it == NULL) {
+        kv_lock(&c->lock);
+        c->outofmemory++;
+        kv_unlock(&c->lock);
         return NULL;
+    }
     it->hnext = it->prev = it->next = NULL;
     it->cas = 0;
     it->time_ns = 0;

@@ -13,9 +13,12 @@ static size_t page_size;
 static uint64_t pages_max;
 
 static struct {
-    kv_lock_t lock; /* "slabs" */
+    kv_lock_t lock;      /* "slabs": the page table below; a leaf lock */
+    kv_lock_t move_lock; /* "slabs": one page move at a time */
     uint64_t pages_used;
-    void **pages; /* every page, freed at teardown */
+    uint64_t moved;
+    void **pages;     /* every page, freed at teardown */
+    uint8_t *owner;   /* class of each page */
 } pool;
 
 static uint32_t align8(size_t n) { return (uint32_t)((n + 7u) & ~(size_t)7u); }
@@ -28,9 +31,11 @@ int slabs_setup(size_t mem_limit, size_t item_size_max)
     if (pages_max == 0)
         pages_max = 1;
     pool.pages = calloc(pages_max, sizeof(void *));
-    if (pool.pages == NULL)
+    pool.owner = calloc(pages_max, 1);
+    if (pool.pages == NULL || pool.owner == NULL)
         return -1;
     lock_init(&pool.lock, LOCK_SLABS);
+    lock_init(&pool.move_lock, LOCK_SLABS);
 
     double size = CHUNK_MIN;
     nclasses = 0;
@@ -53,9 +58,11 @@ void slabs_teardown(void)
     for (uint64_t i = 0; i < pool.pages_used; i++)
         free(pool.pages[i]);
     free(pool.pages);
+    free(pool.owner);
     for (unsigned i = 1; i <= nclasses; i++)
         lock_destroy(&classes[i].lock);
     lock_destroy(&pool.lock);
+    lock_destroy(&pool.move_lock);
     memset(classes, 0, sizeof(classes));
     memset(&pool, 0, sizeof(pool));
 }
@@ -79,45 +86,115 @@ uint64_t slabs_total_malloced(void)
     return __atomic_load_n(&pool.pages_used, __ATOMIC_RELAXED) * page_size;
 }
 
-static int grow_locked(slabclass_t *c, unsigned clsid)
+static void carve_locked(slabclass_t *c, void *page)
 {
-    void *page = NULL;
-    kv_lock(&pool.lock);
-    if (pool.pages_used < pages_max) {
-        page = aligned_alloc(KV_CACHELINE, page_size);
-        if (page != NULL)
-            pool.pages[pool.pages_used++] = page;
-    }
-    kv_unlock(&pool.lock);
-    if (page == NULL)
-        return -1;
     for (uint32_t i = 0; i < c->perslab; i++) {
         item *it = (item *)((char *)page + (size_t)i * c->size);
-        it->clsid = (uint8_t)clsid;
-        it->iflags = 0;
+        it->clsid = (uint8_t)(c - classes);
+        it->iflags = ITEM_FREE;
         it->next = c->free_list;
         c->free_list = it;
     }
     c->pages++;
     c->total_chunks += c->perslab;
     c->free_chunks += c->perslab;
+}
+
+static int grow_locked(slabclass_t *c)
+{
+    void *page = NULL;
+    kv_lock(&pool.lock);
+    if (pool.pages_used < pages_max) {
+        page = aligned_alloc(KV_CACHELINE, page_size);
+        if (page != NULL) {
+            pool.owner[pool.pages_used] = (uint8_t)(c - classes);
+            pool.pages[pool.pages_used] = page;
+            __atomic_store_n(&pool.pages_used, pool.pages_used + 1, __ATOMIC_RELAXED);
+        }
+    }
+    kv_unlock(&pool.lock);
+    if (page == NULL)
+        return -1;
+    carve_locked(c, page);
     return 0;
+}
+
+void slabs_move_lock(void) { kv_lock(&pool.move_lock); }
+void slabs_move_unlock(void) { kv_unlock(&pool.move_lock); }
+uint64_t slabs_moved(void) { return __atomic_load_n(&pool.moved, __ATOMIC_RELAXED); }
+
+unsigned slabs_pick_victim(unsigned except)
+{
+    unsigned best = 0;
+    uint64_t most = 0;
+    uint64_t count[SLAB_CLASSES_MAX + 1] = {0};
+    kv_lock(&pool.lock);
+    for (uint64_t i = 0; i < pool.pages_used; i++)
+        count[pool.owner[i]]++;
+    kv_unlock(&pool.lock);
+    for (unsigned i = 1; i <= nclasses; i++)
+        if (i != except && count[i] > most) {
+            most = count[i];
+            best = i;
+        }
+    return best;
+}
+
+void *slabs_class_page(unsigned clsid, unsigned n)
+{
+    void *page = NULL;
+    kv_lock(&pool.lock);
+    for (uint64_t i = 0; i < pool.pages_used && page == NULL; i++)
+        if (pool.owner[i] == clsid && n-- == 0)
+            page = pool.pages[i];
+    kv_unlock(&pool.lock);
+    return page;
+}
+
+void slabs_release_page_locked(slabclass_t *victim, void *page)
+{
+    char *lo = page, *hi = lo + page_size;
+    item **pp = &victim->free_list;
+    while (*pp != NULL) {
+        if ((char *)*pp >= lo && (char *)*pp < hi)
+            *pp = (*pp)->next;
+        else
+            pp = &(*pp)->next;
+    }
+    victim->pages--;
+    victim->total_chunks -= victim->perslab;
+    victim->free_chunks -= victim->perslab;
+}
+
+void slabs_adopt_page(unsigned clsid, void *page)
+{
+    slabclass_t *c = &classes[clsid];
+    kv_lock(&pool.lock);
+    for (uint64_t i = 0; i < pool.pages_used; i++)
+        if (pool.pages[i] == page)
+            pool.owner[i] = (uint8_t)clsid;
+    pool.moved++;
+    kv_unlock(&pool.lock);
+    kv_lock(&c->lock);
+    carve_locked(c, page);
+    kv_unlock(&c->lock);
 }
 
 item *slabs_take_chunk_locked(slabclass_t *c)
 {
-    if (c->free_list == NULL && grow_locked(c, (unsigned)(c - classes)) != 0)
+    if (c->free_list == NULL && grow_locked(c) != 0)
         return NULL;
     item *it = c->free_list;
     c->free_list = it->next;
     c->free_chunks--;
+    it->iflags = 0;
     it->next = it->prev = it->hnext = NULL;
     return it;
 }
 
 void slabs_free_chunk_locked(slabclass_t *c, item *it)
 {
-    it->iflags = 0;
+    it->iflags = ITEM_FREE;
     it->prev = NULL;
     it->next = c->free_list;
     c->free_list = it;

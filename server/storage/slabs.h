@@ -45,6 +45,20 @@ uint64_t slabs_total_malloced(void);
 item *slabs_take_chunk_locked(slabclass_t *c);
 void slabs_free_chunk_locked(slabclass_t *c, item *it);
 void lru_link_locked(slabclass_t *c, item *it);
+/* Moving a page between classes (when a class has nothing to evict and the
+ * limit is reached): serialized by slabs_move_lock(); see items.c. */
+void slabs_move_lock(void);
+void slabs_move_unlock(void);
+/* The class other than `except` with the most pages, 0 if none. */
+unsigned slabs_pick_victim(unsigned except);
+/* The n-th page of a class, NULL past its last. */
+void *slabs_class_page(unsigned clsid, unsigned n);
+/* With the victim's lock held: drop every chunk of `page` from its free list
+ * (all of them must be free by then) and forget the page. */
+void slabs_release_page_locked(slabclass_t *victim, void *page);
+/* Carves a released page into chunks of class `clsid`. */
+void slabs_adopt_page(unsigned clsid, void *page);
+uint64_t slabs_moved(void);
 void lru_unlink_locked(slabclass_t *c, item *it);
 
 #endif
