@@ -8,6 +8,7 @@ here is stopped by its PID.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -26,6 +27,18 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 class TargetError(RuntimeError):
     """A server could not be started or queried; the message says why."""
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the thread that started us dies, so a killed demo
+    or test run never leaves a server behind. Own session: a Ctrl-C meant
+    for the caller is the caller's to handle, and it stops us by PID."""
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def kvcached_binary() -> Path:
@@ -110,7 +123,9 @@ def start_kvcached(
     fd, log_name = tempfile.mkstemp(prefix="kvcached-", suffix=".log")
     argv = [str(exe), "-l", "127.0.0.1", "-p", "0", *args]
     with os.fdopen(fd, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=_die_with_parent
+        )
     server = Server(proc, "127.0.0.1", 0, "kvcached", Path(log_name), argv)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -143,7 +158,9 @@ def start_memcached(args: list[str] | tuple[str, ...] = (), timeout: float = 10.
         fd, log_name = tempfile.mkstemp(prefix="memcached-", suffix=".log")
         argv = [exe, "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-U", "0", *args]
         with os.fdopen(fd, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
+            )
         server = Server(proc, "127.0.0.1", port, "memcached", Path(log_name), argv)
         try:
             _wait_for_port("127.0.0.1", port, proc, timeout)

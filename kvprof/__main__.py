@@ -1,0 +1,5 @@
+"""`python -m kvprof` is the `kvprof` command."""
+
+from kvprof.cli import main
+
+raise SystemExit(main())
