@@ -1,17 +1,14 @@
 """`kvprof demo`: kvcached under load, with its live stats once a second.
 
 The numbers come from the server itself (`stats` and `stats locks`), so the
-demo needs neither root nor BPF. The load is memcaslap from libmemcached-tools
-for now; issue 3 replaces it with our own `kvload`, and the demo will end in
-`kvprof top` on the running server.
+demo needs neither root nor BPF. The load is our own `kvload`; the demo will
+end in `kvprof top` on the running server once that exists.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,24 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kvprof.target import Server, TargetError, start_kvcached
+from kvprof.target import Server, TargetError, die_with_parent, kvload_binary, start_kvcached
 
 LOCK = "topkeys"  # the study's mutex around the top-keys table (`update_topkeys`)
 
-# memcaslap's workload: 90 % gets, 10 % sets, 32-byte keys, 100-byte values.
-# Gets ask for keys in a 1k-key window per connection, so they hit. memcaslap's
-# sets store new keys unless told to overwrite; overwriting 90 % of them keeps
-# the key set growing slowly (~1k keys/s at 100k ops/s), so kvcached's default
-# 64 MB lasts minutes before the LRU starts evicting (overwriting all of them
-# would leave one key per connection).
-LOAD_THREADS = 2
-LOAD_CONNECTIONS = 32
-KEY_SIZE = 32
-VALUE_SIZE = 100
-GET_SHARE = 0.9
-OVERWRITE = 0.9
-WINDOW = "1k"
-UNBOUNDED_LOAD = "24h"  # "until Ctrl-C"; killed by PID at exit, and with the demo if it dies
+# kvload's workload: the study's shape, batched multi-gets with a few sets,
+# 10k keys of 64-256 bytes, 4 connections (two per worker) each keeping 32
+# requests in flight. It stores every key first, so gets hit.
+LOAD_CONNECTIONS = 4
+LOAD_BATCH = 32
+LOAD_SET_PCT = 5
+LOAD_ITEMS = 10_000
+UNBOUNDED_LOAD = 24 * 3600  # "until Ctrl-C"; stopped by PID at exit, and with the demo if it dies
 
 HEADER = (
     f"{'time':>6}{'ops/s':>10}{'hit %':>7}{'curr_items':>12}{'item_objects':>14}"
@@ -160,27 +151,18 @@ def sample(server: Server) -> Sample:
     return Sample(time.monotonic(), general, locks)
 
 
-def _die_with_parent() -> None:
-    # If the demo is killed outright, the load must not go on for hours.
-    PR_SET_PDEATHSIG = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass
 class Load:
-    """A running memcaslap, its output kept in a file."""
+    """A running kvload, its output kept in a file."""
 
     proc: subprocess.Popen[bytes]
     argv: list[str]
     log_path: Path
-    config_path: Path
 
     def describe(self) -> str:
         return (
-            f"memcaslap PID {self.proc.pid}, {LOAD_THREADS} threads x "
-            f"{LOAD_CONNECTIONS // LOAD_THREADS} connections, {GET_SHARE:.0%} get / "
-            f"{1 - GET_SHARE:.0%} set, {VALUE_SIZE}-byte values"
+            f"kvload PID {self.proc.pid}, {LOAD_CONNECTIONS} connections x {LOAD_BATCH} requests "
+            f"in flight, {100 - LOAD_SET_PCT}% multi-get / {LOAD_SET_PCT}% set, {LOAD_ITEMS:,} keys"
         )
 
     def log(self) -> str:
@@ -199,43 +181,29 @@ class Load:
                 self.proc.wait()
 
     def cleanup(self) -> None:
-        self.config_path.unlink(missing_ok=True)
         self.log_path.unlink(missing_ok=True)
 
 
 def start_load(address: str, duration: float | None) -> Load:
-    """memcaslap against `address`, for `duration` seconds (plus slack) or until stopped."""
-    exe = shutil.which("memcaslap")
-    if exe is None:
-        raise DemoError("memcaslap not found (package libmemcached-tools): run scripts/provision.sh")
-    with tempfile.NamedTemporaryFile("w", prefix="kvprof-demo-", suffix=".cfg", delete=False) as cfg:
-        # memcaslap's config: key and value size ranges, then cmd type (0 set, 1 get) and share.
-        cfg.write(
-            f"key\n{KEY_SIZE} {KEY_SIZE} 1\nvalue\n{VALUE_SIZE} {VALUE_SIZE} 1\n"
-            f"cmd\n0 {1 - GET_SHARE:.2f}\n1 {GET_SHARE:.2f}\n"
-        )
-    run_for = UNBOUNDED_LOAD if duration is None else f"{math.ceil(duration) + 5}s"
+    """kvload against `address`, for `duration` seconds (plus slack) or until stopped."""
+    run_for = UNBOUNDED_LOAD if duration is None else math.ceil(duration) + 5
     argv = [
-        exe,
-        f"--servers={address}",
-        f"--threads={LOAD_THREADS}",
-        f"--concurrency={LOAD_CONNECTIONS}",
-        f"--win_size={WINDOW}",
-        f"--overwrite={OVERWRITE}",
-        f"--cfg_cmd={cfg.name}",
-        f"--time={run_for}",
+        str(kvload_binary()),
+        f"--server={address}",
+        f"--connections={LOAD_CONNECTIONS}",
+        f"--batch-size={LOAD_BATCH}",
+        f"--set-pct={LOAD_SET_PCT}",
+        f"--num-items={LOAD_ITEMS}",
+        "--min-size=64",
+        "--max-size=256",
+        f"--duration={run_for}",
+        "--quiet",
     ]
-    with tempfile.NamedTemporaryFile(prefix="kvprof-demo-memcaslap-", suffix=".log", delete=False) as log:
-        # Its own session: Ctrl-C reaches the demo, which stops the load by PID.
+    with tempfile.NamedTemporaryFile(prefix="kvprof-demo-kvload-", suffix=".log", delete=False) as log:
         proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
-    return Load(proc, argv, Path(log.name), Path(cfg.name))
+    return Load(proc, argv, Path(log.name))
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
@@ -289,12 +257,11 @@ def run(
     failure: str | None = None
     with _stop_on_term():
         try:
-            if shutil.which("memcaslap") is None:
-                raise DemoError("memcaslap not found (package libmemcached-tools): run scripts/provision.sh")
+            kvload_binary()  # fail before starting anything
             server = start_kvcached(["--preset", preset, "-t", str(threads)])
             first = last = sample(server)
             load = start_load(server.address, duration)
-            # kvcached answers `version` as "1.6.0 kvcached-0.1.0" for memcached's clients.
+            # kvcached answers `version` as "1.6.0-kvcached-0.1.0" for memcached's clients.
             version = first.stats.get("version", "?").rsplit("kvcached-", 1)[-1]
             until = "Ctrl-C to stop" if duration is None else f"{duration:g} s, Ctrl-C to stop early"
             print(
@@ -315,7 +282,7 @@ def run(
                 if not server.alive():
                     raise DemoError(f"kvcached {_exit_status(server.proc.returncode)}")
                 if load.proc.poll() is not None:
-                    raise DemoError(f"memcaslap {_exit_status(load.proc.returncode)}")
+                    raise DemoError(f"kvload {_exit_status(load.proc.returncode)}")
                 new = sample(server)
                 if lines % HEADER_EVERY == 0:
                     print(HEADER, file=out)
@@ -342,13 +309,12 @@ def run(
         if server is not None and server.log().strip():
             print(f"  kvcached said ({server.log_path}):\n{_tail(server.log())}", file=sys.stderr)
         if load is not None and load.log().strip():
-            print(f"  memcaslap said:\n{_tail(load.log())}", file=sys.stderr)
+            print(f"  kvload said:\n{_tail(load.log())}", file=sys.stderr)
     elif first is not None and last is not None and last is not first:
         print(format_summary(rates(first, last)), file=out, flush=True)
     if load is not None:
         load.cleanup()
     if server is not None:
-        # A Ctrl-C in the terminal also reaches kvcached (SIGINT), which exits 0 on it.
         if failure is None and status not in (0, None):
             print(f"kvprof demo: kvcached {_exit_status(status)} when stopped:", file=sys.stderr)
             print(_tail(server.log()), file=sys.stderr)

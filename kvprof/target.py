@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 KVCACHED = REPO / "server" / "build" / "kvcached"
+KVLOAD = REPO / "server" / "build" / "kvload"
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
@@ -32,7 +33,7 @@ class TargetError(RuntimeError):
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGTERM if the thread that started us dies, so a killed demo
     or test run never leaves a server behind. Own session: a Ctrl-C meant
     for the caller is the caller's to handle, and it stops us by PID."""
@@ -47,6 +48,13 @@ def kvcached_binary() -> Path:
     if not path.is_file():
         raise TargetError(f"{path} not found: build it with `make -C server`")
     return path
+
+
+def kvload_binary() -> Path:
+    """The load generator built next to kvcached."""
+    if not KVLOAD.is_file():
+        raise TargetError(f"{KVLOAD} not found: build it with `make -C server`")
+    return KVLOAD
 
 
 @dataclass
@@ -124,7 +132,7 @@ def start_kvcached(
     argv = [str(exe), "-l", "127.0.0.1", "-p", "0", *args]
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=_die_with_parent
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=die_with_parent
         )
     server = Server(proc, "127.0.0.1", 0, "kvcached", Path(log_name), argv)
     deadline = time.monotonic() + timeout
@@ -159,7 +167,7 @@ def start_memcached(args: list[str] | tuple[str, ...] = (), timeout: float = 10.
         argv = [exe, "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-U", "0", *args]
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent
             )
         server = Server(proc, "127.0.0.1", port, "memcached", Path(log_name), argv)
         try:
