@@ -33,7 +33,9 @@ static inline void op_begin(conn *c, enum opcode op, const char *key, size_t nke
     cmd_sampled = 0;
     if (unlikely(KVS_CMD_START_ENABLED() || KVS_CMD_DONE_ENABLED()) && sample_tick(&cmd_countdown)) {
         cmd_sampled = 1;
-        KVS_CMD_START(kv_thread_idx, (int)op, (char *)key, (int)nkey);
+        /* The worker index from the connection, not the TLS variable: gcc
+         * would describe that argument as %fs:(...), which BCC cannot read. */
+        KVS_CMD_START(c->worker->idx, (int)op, (char *)key, (int)nkey);
     }
 }
 
@@ -45,7 +47,7 @@ static inline uint64_t op_end(conn *c, enum opcode op, enum op_status status)
     uint64_t latency = t1 - c->op_start;
     collect_timings(op, latency);
     if (unlikely(cmd_sampled))
-        KVS_CMD_DONE(kv_thread_idx, (int)op, (int)status, latency);
+        KVS_CMD_DONE(c->worker->idx, (int)op, (int)status, latency);
     return t1;
 }
 
