@@ -7,6 +7,7 @@ commands that need neither BPF nor the TUI never load bcc or textual.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -30,6 +31,10 @@ examples:
   kvprof demo -d 30            # run for 30 seconds
   kvprof demo --preset fixed   # compare: the per-thread design of every site
 """
+
+
+# kvprof/commands/<name>.py, in the order `kvprof --help` lists them
+COMMANDS: tuple[str, ...] = ()
 
 
 def _positive_float(text: str) -> float:
@@ -66,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run kvcached under load and show its live stats",
         description=(
-            "Start kvcached on a free loopback port, drive it with memcaslap (90 % gets,\n"
-            "small values) and print ops/s, hit rate, items and the topkeys lock's\n"
-            "contended waits once a second. Ctrl-C, SIGTERM or --duration stop both."
+            "Start kvcached on a free loopback port, drive it with kvload (batched\n"
+            "multi-gets, 5 % sets) and print ops/s, hit rate, items and the topkeys\n"
+            "lock's contended waits once a second. Ctrl-C, SIGTERM or --duration stop both."
         ),
         epilog=DEMO_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -104,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between lines (default: %(default)s)",
     )
     demo.set_defaults(run=_run_demo)
+    for name in COMMANDS:
+        importlib.import_module(f"kvprof.commands.{name}").add_parser(commands)
     return parser
 
 

@@ -1,0 +1,41 @@
+"""eBPF collectors: the only package that imports bcc.
+
+One module per BPF program in probes/<name>.bpf.c; each module owns its
+program and maps and hands out plain dataclasses from kvprof.model (no bcc
+type leaves this package). The contract every collector follows:
+
+    class XCollector:
+        name = "x"                                   # as in Profile.collectors
+        def __init__(self, pid: int, opts: CollectOptions) -> None
+        def applies(self) -> str | None              # None, or why it does not apply to this target
+        def start(self) -> None                      # compile, load, attach; raises CollectError
+        def contribute(self, profile: Profile) -> None
+            # fill this collector's sections of `profile` with what it has
+            # counted since start (cumulative), and its health counters in
+            # profile.status.counters ("<name>.lost", "<name>.stack_errors", ...)
+        def close(self) -> None                      # detach everything; idempotent
+
+The session (session.py) drives a set of collectors against one PID.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvprof.model.topology import Topology
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PROBES_DIR = REPO / "probes"
+
+
+class CollectError(Exception):
+    """A collector could not attach; the message is one line that says what to do."""
+
+
+@dataclass
+class CollectOptions:
+    hz: int = 99
+    topology: Topology = field(default_factory=Topology.read)
+    stack_storage: int = 16384  # stack ids per stack map (raise if stack_errors show up)
+    max_entries: int = 10240  # entries per aggregation map (raise if map_full shows up)

@@ -1,0 +1,65 @@
+"""Turn stack addresses into frames: `function`, or `module+0xoffset` when the
+binary has no symbol there, never a dropped frame. Kernel frames end in
+`_[k]`, as folded stacks mark them.
+
+Symbols of a process are resolved while it runs (BCC reads /proc/PID/maps
+lazily), so collectors symbolize at every read, and the cache here keeps
+what was resolved once the target is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bcc import BPF  # type: ignore[import-untyped]
+
+
+class Symbolizer:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._user: dict[int, str] = {}
+        self._kernel: dict[int, str] = {}
+
+    def user(self, addr: int) -> str:
+        frame = self._user.get(addr)
+        if frame is None:
+            try:
+                name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
+            except Exception:  # the process is gone and was never resolved
+                name, offset, module = None, addr, None
+            if name:
+                frame = name.decode(errors="replace")
+            elif module:
+                frame = f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
+            else:
+                frame = f"0x{addr:x}"
+            self._user[addr] = frame
+        return frame
+
+    def kernel(self, addr: int) -> str:
+        frame = self._kernel.get(addr)
+        if frame is None:
+            name = BPF.ksym(addr)
+            frame = (f"0x{addr:x}" if name in (b"[unknown]", b"") else name.decode(errors="replace")) + "_[k]"
+            self._kernel[addr] = frame
+        return frame
+
+    def stack(self, table: Any, stack_id: int, kernel: bool = False) -> list[str]:
+        """Frames of a stack id from a BPF_STACK_TRACE table, root first; [] for a failed id."""
+        if stack_id < 0:
+            return []
+        try:
+            addrs = list(table.walk(stack_id))
+        except KeyError:
+            return []
+        resolve = self.kernel if kernel else self.user
+        return [resolve(a) for a in reversed(addrs)]
+
+
+def stack_looks_truncated(frames: list[str]) -> bool:
+    """A user stack that is 1-2 frames deep or whose root frame is unknown:
+    the usual sign of code built without frame pointers."""
+    if not frames:
+        return True
+    return len(frames) <= 2 or frames[0].startswith("0x") or "+0x" in frames[0]

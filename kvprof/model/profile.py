@@ -1,0 +1,280 @@
+"""The profile: what a recording holds, and its file format (DESIGN.md).
+
+One JSON document, gzip'd when the file name ends in `.gz`:
+`{"format": "kvprof-profile", "version": 1, "target": ..., "host": ...,
+"window": ..., "hz": ..., "collectors": [...], "threads": ..., "oncpu": ...,
+"offcpu": ..., "locks": [...], "cachelines": [...], "requests": ...,
+"server_stats": ..., "findings": [...], "status": ...}`.
+
+Frames are symbol names, root first; a frame without a symbol is
+`module+0xoffset`; kernel frames end in `_[k]` (the folded-stack convention).
+Fields may be added; none may change meaning. A file of another format or
+version is refused with a ProfileError whose message is one readable line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "kvprof-profile"
+VERSION = 1
+
+
+class ProfileError(Exception):
+    """A profile file that cannot be used; the message is one line for the user."""
+
+
+@dataclass
+class Target:
+    pid: int
+    comm: str = ""
+    exe: str = ""
+    cmdline: list[str] = field(default_factory=list)
+    kvs_probes: bool = False
+
+
+@dataclass
+class Host:
+    kernel: str = ""
+    cpus: int = 0
+    topology: dict[str, dict[str, int]] = field(default_factory=dict)  # Topology.to_dict()
+
+
+@dataclass
+class Window:
+    start: float = 0.0  # Unix time the recording started
+    duration_s: float = 0.0
+
+
+@dataclass
+class ThreadInfo:
+    name: str = ""
+    cpu_samples: int = 0
+    sockets: dict[str, int] = field(default_factory=dict)  # socket -> samples
+    stack_quality: float | None = None  # share of stacks that look truncated (0 = all good)
+    offcpu_ns: int = 0
+    lock_wait_ns: int = 0
+
+
+@dataclass
+class CpuStack:
+    tid: int
+    frames: list[str]
+    count: int
+
+
+@dataclass
+class OffCpuStack:
+    tid: int
+    frames: list[str]
+    ns: int
+
+
+@dataclass
+class FutexWait:
+    tid: int
+    uaddr: int
+    frames: list[str]
+    waits: int
+    ns: int
+
+
+@dataclass
+class OffCpu:
+    stacks: list[OffCpuStack] = field(default_factory=list)
+    futex: list[FutexWait] = field(default_factory=list)
+
+
+@dataclass
+class ThreadWaits:
+    waits: int = 0
+    wait_ns: int = 0
+
+
+@dataclass
+class LockStack:
+    frames: list[str]
+    waits: int
+    wait_ns: int
+
+
+@dataclass
+class LockStat:
+    name: str
+    address: int
+    waits: int = 0
+    wait_ns: int = 0
+    max_ns: int = 0
+    hist_log2_ns: list[int] = field(default_factory=list)
+    by_thread: dict[str, ThreadWaits] = field(default_factory=dict)
+    stacks: list[LockStack] = field(default_factory=list)
+
+
+@dataclass
+class LineThread:
+    samples: int = 0
+    transfers: int = 0
+    cycles_mean: float = 0.0
+
+
+@dataclass
+class CacheLineStat:
+    site: str
+    line: int  # address of the 64-byte line
+    samples: int = 0
+    transfers: int = 0
+    cross_socket_transfers: int = 0
+    cycles_mean: float = 0.0
+    cycles_max: int = 0
+    hist_log2_cycles: list[int] = field(default_factory=list)
+    socket_matrix: list[list[int]] = field(default_factory=list)  # [from socket][to socket]
+    by_thread: dict[str, LineThread] = field(default_factory=dict)
+
+
+@dataclass
+class RequestStat:
+    count: int = 0
+    hist_log2_ns: list[int] = field(default_factory=list)
+    p50_ns: int = 0
+    p99_ns: int = 0
+
+
+@dataclass
+class Finding:
+    id: str
+    title: str
+    category: str  # cpu | lock | cacheline | offcpu
+    severity: str  # critical | warning | info
+    where: str  # function, lock or site
+    cost: dict[str, float] = field(default_factory=dict)
+    per_thread: dict[str, dict[str, float]] = field(default_factory=dict)
+    per_socket: dict[str, dict[str, float]] = field(default_factory=dict)
+    explanation: str = ""
+    advice: str = ""
+
+
+@dataclass
+class Status:
+    """How the recording went: what each collector did, what was lost."""
+
+    partial: bool = False  # e.g. the target died mid-run
+    reason: str = ""
+    collectors: dict[str, str] = field(default_factory=dict)  # name -> "ok" or why not
+    counters: dict[str, int] = field(default_factory=dict)  # lost samples, stack errors, map full...
+    warnings: list[str] = field(default_factory=list)
+    sample_rates: dict[str, int] = field(default_factory=dict)  # probe -> 1 in N (server's --probe-sample)
+
+
+@dataclass
+class Profile:
+    target: Target
+    host: Host = field(default_factory=Host)
+    window: Window = field(default_factory=Window)
+    hz: int = 0
+    collectors: list[str] = field(default_factory=list)
+    threads: dict[str, ThreadInfo] = field(default_factory=dict)
+    oncpu: list[CpuStack] = field(default_factory=list)
+    offcpu: OffCpu = field(default_factory=OffCpu)
+    locks: list[LockStat] = field(default_factory=list)
+    cachelines: list[CacheLineStat] = field(default_factory=list)
+    requests: dict[str, RequestStat] = field(default_factory=dict)
+    server_stats: dict[str, dict[str, str]] = field(default_factory=dict)  # "before"/"after" -> stats
+    findings: list[Finding] = field(default_factory=list)
+    status: Status = field(default_factory=Status)
+
+    # ---- file format ----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            **{k: body[k] for k in body if k != "oncpu"},
+            "oncpu": {"stacks": body["oncpu"]},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ProfileError('not a kvprof profile (no "format": "kvprof-profile")')
+        if d.get("version") != VERSION:
+            raise ProfileError(
+                f"profile version {d.get('version')!r} is not supported (this kvprof reads version {VERSION})"
+            )
+        try:
+            offcpu = d.get("offcpu") or {}
+            return cls(
+                target=Target(**d["target"]),
+                host=Host(**d.get("host", {})),
+                window=Window(**d.get("window", {})),
+                hz=int(d.get("hz", 0)),
+                collectors=list(d.get("collectors", [])),
+                threads={k: ThreadInfo(**v) for k, v in d.get("threads", {}).items()},
+                oncpu=[CpuStack(**s) for s in (d.get("oncpu") or {}).get("stacks", [])],
+                offcpu=OffCpu(
+                    stacks=[OffCpuStack(**s) for s in offcpu.get("stacks", [])],
+                    futex=[FutexWait(**f) for f in offcpu.get("futex", [])],
+                ),
+                locks=[
+                    LockStat(
+                        **{
+                            **lk,
+                            "by_thread": {t: ThreadWaits(**w) for t, w in lk.get("by_thread", {}).items()},
+                            "stacks": [LockStack(**s) for s in lk.get("stacks", [])],
+                        }
+                    )
+                    for lk in d.get("locks", [])
+                ],
+                cachelines=[
+                    CacheLineStat(
+                        **{**c, "by_thread": {t: LineThread(**v) for t, v in c.get("by_thread", {}).items()}}
+                    )
+                    for c in d.get("cachelines", [])
+                ],
+                requests={k: RequestStat(**v) for k, v in d.get("requests", {}).items()},
+                server_stats=dict(d.get("server_stats", {})),
+                findings=[Finding(**f) for f in d.get("findings", [])],
+                status=Status(**d.get("status", {})),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProfileError(f"malformed kvprof profile: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        p = Path(path)
+        if p.suffix == ".gz":
+            with gzip.open(p, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            p.write_text(text, encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        p = Path(path)
+        try:
+            if p.suffix == ".gz":
+                with gzip.open(p, "rt", encoding="utf-8") as f:
+                    text = f.read()
+            else:
+                text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ProfileError(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise ProfileError(f"{p}: is a directory, not a profile") from None
+        except PermissionError:
+            raise ProfileError(f"{p}: permission denied") from None
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+            raise ProfileError(f"{p}: cannot read it ({e})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{p}: not JSON, truncated or corrupt ({e.msg}, line {e.lineno})") from None
+        try:
+            return cls.from_dict(data)
+        except ProfileError as e:
+            raise ProfileError(f"{p}: {e}") from None
