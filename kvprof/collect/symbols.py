@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bcc import BPF  # type: ignore[import-untyped]
+from bcc import BPF
 
 
 class Symbolizer:
