@@ -34,7 +34,7 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("record", "bench", "doctor", "probes")
 
 
 def _positive_float(text: str) -> float:

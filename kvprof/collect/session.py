@@ -1,0 +1,196 @@
+"""A profiling session: a set of collectors attached to one process.
+
+    with Session(pid, ["oncpu", "locks"], CollectOptions(hz=99)) as s:
+        for snapshot in s.run(duration=10, interval=1.0):
+            ...            # a cumulative Profile every interval
+        profile = s.snapshot()
+
+The session owns the collectors' lifetimes: every one that started is
+closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`), on
+SIGTERM (turned into KeyboardInterrupt while a session is open) and when the
+target dies (run() stops, the last snapshot is marked partial). A collector
+that does not apply to the target, or fails to attach, is recorded in
+Profile.status.collectors with the reason, and the others go on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import signal
+import time
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+from kvprof.collect import CollectError, CollectOptions
+from kvprof.model.profile import Host, Profile, Status, Target, Window
+
+ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests")
+
+
+class TargetGone(Exception):
+    """The target process does not exist (any more)."""
+
+
+def describe_target(pid: int) -> Target:
+    """The target's identity from /proc; TargetGone or PermissionError when it cannot be read."""
+    proc = f"/proc/{pid}"
+    try:
+        with open(f"{proc}/comm") as f:
+            comm = f.read().strip()
+    except FileNotFoundError:
+        raise TargetGone(f"no process with PID {pid}") from None
+    try:
+        exe = os.readlink(f"{proc}/exe")
+    except FileNotFoundError:
+        raise TargetGone(f"PID {pid} ({comm}) is a kernel thread or has exited: nothing to profile") from None
+    with open(f"{proc}/cmdline", "rb") as f:
+        cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    return Target(pid=pid, comm=comm, exe=exe, cmdline=cmdline, kvs_probes=False)
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _collector_class(name: str) -> Any:
+    module = importlib.import_module(f"kvprof.collect.{name}")
+    for attr in vars(module).values():
+        if (
+            isinstance(attr, type)
+            and attr.__name__.endswith("Collector")
+            and getattr(attr, "name", None) == name
+        ):
+            return attr
+    raise CollectError(f"kvprof.collect.{name} has no collector class named {name!r}")
+
+
+class Session:
+    def __init__(
+        self,
+        pid: int,
+        collectors: list[str] | tuple[str, ...] = ALL_COLLECTORS,
+        opts: CollectOptions | None = None,
+    ) -> None:
+        unknown = [c for c in collectors if c not in ALL_COLLECTORS]
+        if unknown:
+            raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
+        self.pid = pid
+        self.names = list(collectors)
+        self.opts = opts or CollectOptions()
+        self.target = describe_target(pid)
+        self.status = Status()
+        self.active: list[Any] = []
+        self.started_at = 0.0
+        self._t0 = 0.0
+        self._old_term: Any = None
+
+    # ---- lifetime ------------------------------------------------------------
+
+    def start(self) -> None:
+        from kvprof.collect import usdt  # where the kvs probes are looked up
+
+        self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
+        self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        try:
+            for name in self.names:
+                collector = _collector_class(name)(self.pid, self.opts)
+                reason = collector.applies()
+                if reason is not None:
+                    self.status.collectors[name] = f"not applicable: {reason}"
+                    continue
+                try:
+                    collector.start()
+                except CollectError as e:
+                    collector.close()
+                    self.status.collectors[name] = f"failed: {e}"
+                    continue
+                self.active.append(collector)
+                self.status.collectors[name] = "ok"
+        except BaseException:
+            self.close()
+            raise
+        if not self.active:
+            self.close()
+            reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
+            raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def close(self) -> None:
+        """Detach every collector; safe to call twice, and from error paths."""
+        while self.active:
+            collector = self.active.pop()
+            try:
+                collector.close()
+            except Exception as e:  # one collector's failure must not leave the others attached
+                self.status.warnings.append(f"{collector.name}: close failed: {e}")
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- data -------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0 if self._t0 else 0.0
+
+    def snapshot(self) -> Profile:
+        """Everything counted since start, as a Profile (no findings yet)."""
+        profile = Profile(
+            target=self.target,
+            host=Host(
+                kernel=platform.release(), cpus=os.cpu_count() or 0, topology=self.opts.topology.to_dict()
+            ),
+            window=Window(start=self.started_at, duration_s=round(self.elapsed(), 3)),
+            hz=self.opts.hz,
+            collectors=[c.name for c in self.active],
+            status=Status(
+                partial=self.status.partial,
+                reason=self.status.reason,
+                collectors=dict(self.status.collectors),
+                counters={},
+                warnings=list(self.status.warnings),
+                sample_rates=dict(self.status.sample_rates),
+            ),
+        )
+        for collector in self.active:
+            collector.contribute(profile)
+        return profile
+
+    def run(self, duration: float | None, interval: float = 1.0) -> Iterator[Profile]:
+        """A cumulative snapshot every `interval` seconds until `duration` (None: until
+        Ctrl-C) or until the target dies, which marks the session partial."""
+        deadline = None if duration is None else self._t0 + duration
+        while True:
+            now = time.monotonic()
+            wake = now + interval if deadline is None else min(now + interval, deadline)
+            while time.monotonic() < wake:
+                time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
+                if not alive(self.pid):
+                    self.status.partial = True
+                    self.status.reason = f"the target (PID {self.pid}) exited after {self.elapsed():.1f} s"
+                    yield self.snapshot()
+                    return
+            yield self.snapshot()
+            if deadline is not None and time.monotonic() >= deadline - 1e-3:
+                return

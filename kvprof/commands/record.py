@@ -1,0 +1,105 @@
+"""`kvprof record -p PID`: attach the collectors, write a profile."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """\
+examples:
+  kvprof record -p 1234                 # 10 s, every collector, kvprof-1234.json.gz
+  kvprof record -p 1234 -d 5 -o base.json.gz
+  kvprof record -p 1234 --hz 999 --collectors oncpu,locks
+  kvprof record -p $(pgrep -x kvcached) -d 30   # then: kvprof report kvprof-<pid>.json.gz
+  kvprof record -p 1234 --backend perf  # no BPF: perf's dwarf unwinding, stacks through libc
+"""
+
+
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r}")
+    return value
+
+
+def _collectors(text: str) -> tuple[str, ...]:
+    from kvprof.collect.session import ALL_COLLECTORS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n not in ALL_COLLECTORS:
+            raise argparse.ArgumentTypeError(
+                f"unknown collector {n!r} (choose from {', '.join(ALL_COLLECTORS)})"
+            )
+    return names
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _hz(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r}") from None
+    if not 1 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"must be 1..10000 Hz: {text!r}")
+    return value
+
+
+def add_parser(commands: Any) -> None:
+    p = commands.add_parser(
+        "record",
+        help="attach to a process and write a profile",
+        description=(
+            "Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU\n"
+            "and futex waits; on kvcached also lock waits, cache-line transfers and request\n"
+            "latency from its kvs probes), collect for a while, and write a profile file.\n"
+            "Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-p", "--pid", type=_pid, required=True, help="the process to profile")
+    p.add_argument(
+        "-d", "--duration", type=_seconds, default=10.0, metavar="SEC", help="seconds (default: 10)"
+    )
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="profile file (.json or .json.gz)")
+    p.add_argument("--hz", type=_hz, default=99, help="on-CPU sampling rate (default: 99)")
+    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
+    p.add_argument(
+        "--backend",
+        choices=("bpf", "perf"),
+        default="bpf",
+        help="bpf (default): every collector; perf: on-CPU stacks only, from `perf record "
+        "--call-graph dwarf` (no BPF needed; full stacks through libc)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no banner or progress")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvprof.record import RecordOptions, main
+
+    return main(
+        RecordOptions(
+            pid=args.pid,
+            duration=args.duration,
+            output=args.output,
+            hz=args.hz,
+            collectors=args.collectors,
+            backend=args.backend,
+            quiet=args.quiet,
+        )
+    )

@@ -1,0 +1,197 @@
+"""`kvprof record`: attach to a process, collect for a while, write a profile."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvprof.listening import server_stats
+from kvprof.model.profile import Profile
+
+
+class RecordError(Exception):
+    """Recording cannot start or go on; the message is one line saying what to do."""
+
+
+@dataclass
+class RecordOptions:
+    pid: int
+    duration: float | None = 10.0
+    output: Path | None = None
+    hz: int = 99
+    collectors: tuple[str, ...] = ()
+    backend: str = "bpf"
+    interval: float = 1.0
+    quiet: bool = False
+
+
+def _privileged() -> bool:
+    return os.geteuid() == 0
+
+
+def _progress(line: str, final: bool = False) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + line.ljust(78)[:78] + ("\n" if final else ""))
+        sys.stderr.flush()
+    elif final:
+        sys.stderr.write(line + "\n")
+
+
+def _summary_of(p: Profile) -> str:
+    samples = sum(s.count for s in p.oncpu)
+    waits = sum(lk.waits for lk in p.locks)
+    transfers = sum(c.transfers for c in p.cachelines)
+    parts = [f"{samples:,} CPU samples"]
+    if "locks" in p.collectors:
+        parts.append(f"{waits:,} lock waits")
+    if "cachelines" in p.collectors:
+        parts.append(f"{transfers:,} line transfers")
+    if "offcpu" in p.collectors:
+        parts.append(f"{len(p.offcpu.futex):,} futex sites")
+    return ", ".join(parts)
+
+
+def default_output(pid: int) -> Path:
+    return Path(f"kvprof-{pid}.json.gz")
+
+
+def _record_perf(opts: RecordOptions) -> Profile:
+    """On-CPU stacks only, from perf (no BPF)."""
+    import platform
+
+    from kvprof import perf_backend
+    from kvprof.collect.session import ALL_COLLECTORS, TargetGone, describe_target
+    from kvprof.model.profile import Host, Status, Window
+    from kvprof.model.topology import Topology
+
+    try:
+        target = describe_target(opts.pid)
+    except TargetGone as e:
+        raise RecordError(str(e)) from None
+    duration = opts.duration or 10.0
+    if not opts.quiet:
+        print(
+            f"Profiling {target.comm} PID {target.pid} for {duration:g} s at {opts.hz} Hz with perf "
+            "(cpu-clock, --call-graph dwarf)...",
+            file=sys.stderr,
+        )
+    topology = Topology.read()
+    start = time.time()
+    try:
+        stacks, threads = perf_backend.record(opts.pid, duration, opts.hz, topology)
+    except perf_backend.PerfError as e:
+        raise RecordError(str(e)) from None
+    status = Status(collectors={"oncpu": "ok (perf backend)"})
+    for name in ALL_COLLECTORS[1:]:
+        status.collectors[name] = "not run: --backend perf takes on-CPU stacks only"
+    return Profile(
+        target=target,
+        host=Host(kernel=platform.release(), cpus=os.cpu_count() or 0, topology=topology.to_dict()),
+        window=Window(start=start, duration_s=duration),
+        hz=opts.hz,
+        collectors=["oncpu"],
+        threads=threads,
+        oncpu=stacks,
+        status=status,
+    )
+
+
+def record(opts: RecordOptions) -> tuple[Profile, Path]:
+    """Records and writes the profile; returns it and where it went."""
+    from kvprof.collect import CollectError, CollectOptions
+    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone
+
+    if not _privileged():
+        raise RecordError(
+            "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo; "
+            "`kvprof doctor` checks the rest"
+        )
+    out = opts.output or default_output(opts.pid)
+    before = server_stats(opts.pid)
+    if opts.backend == "perf":
+        profile = _record_perf(opts)
+        _finish(profile, before, opts.pid)
+        profile.save(out)
+        return profile, out
+    try:
+        session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, CollectOptions(hz=opts.hz))
+    except TargetGone as e:
+        raise RecordError(str(e)) from None
+    except PermissionError:
+        raise RecordError(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)") from None
+    except CollectError as e:
+        raise RecordError(str(e)) from None
+    settings = before.get("settings", {})
+    if "probe_sample" in settings:
+        rate = int(settings["probe_sample"])
+        session.status.sample_rates = {"cmd__start": rate, "cmd__done": rate, "atomic__sample": rate}
+    target = session.target
+    how_long = "until Ctrl-C" if opts.duration is None else f"for {opts.duration:g} s"
+    if not opts.quiet:
+        print(
+            f"Profiling {target.comm} PID {target.pid} {how_long} at {opts.hz} Hz... Ctrl-C to stop early",
+            file=sys.stderr,
+        )
+    profile: Profile | None = None
+    interrupted = False
+    try:
+        session.start()
+        for snap in session.run(opts.duration, opts.interval):
+            profile = snap
+            if not opts.quiet:
+                total = "" if opts.duration is None else f"/{opts.duration:g}"
+                _progress(f"  {snap.window.duration_s:5.1f}{total} s  {_summary_of(snap)}")
+    except CollectError as e:
+        raise RecordError(str(e)) from None
+    except KeyboardInterrupt:
+        interrupted = True
+        try:
+            profile = session.snapshot()
+        except Exception:  # keep what the last interval gave
+            pass
+    finally:
+        session.close()
+    if profile is None:
+        raise RecordError("stopped before anything was collected")
+    if interrupted:
+        profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
+    if not opts.quiet:
+        _progress(f"  {profile.window.duration_s:5.1f} s  {_summary_of(profile)}", final=True)
+    _finish(profile, before, opts.pid)
+    profile.save(out)
+    return profile, out
+
+
+def _finish(profile: Profile, before: dict[str, dict[str, str]], pid: int) -> None:
+    """The target's own counters around the window, and the findings."""
+    after = server_stats(pid) if not profile.status.partial else {}
+    for name, group in before.items():
+        profile.server_stats["before" if name == "general" else f"before.{name}"] = group
+    for name, group in after.items():
+        profile.server_stats["after" if name == "general" else f"after.{name}"] = group
+    from kvprof.analysis.findings import find
+
+    profile.findings = find(profile)
+
+
+def main(opts: RecordOptions) -> int:
+    start = time.monotonic()
+    try:
+        profile, out = record(opts)
+    except RecordError as e:
+        print(f"kvprof record: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kvprof record: {e}", file=sys.stderr)
+        return 2
+    if not opts.quiet:
+        note = f" (partial: {profile.status.reason})" if profile.status.partial else ""
+        skipped = [f"{n}: {r}" for n, r in profile.status.collectors.items() if r != "ok"]
+        print(f"wrote {out} in {time.monotonic() - start:.1f} s{note}", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)
+        print(f"next: kvprof report {out}", file=sys.stderr)
+    return 0
