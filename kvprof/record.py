@@ -102,7 +102,7 @@ def _record_perf(opts: RecordOptions) -> Profile:
 def record(opts: RecordOptions) -> tuple[Profile, Path]:
     """Records and writes the profile; returns it and where it went."""
     from kvprof.collect import CollectError, CollectOptions
-    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone
+    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive
 
     if not _privileged():
         raise RecordError(
@@ -113,7 +113,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     before = server_stats(opts.pid)
     if opts.backend == "perf":
         profile = _record_perf(opts)
-        _finish(profile, before, opts.pid)
+        _finish(profile, before, server_stats(opts.pid))
         profile.save(out)
         return profile, out
     try:
@@ -124,10 +124,6 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         raise RecordError(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)") from None
     except CollectError as e:
         raise RecordError(str(e)) from None
-    settings = before.get("settings", {})
-    if "probe_sample" in settings:
-        rate = int(settings["probe_sample"])
-        session.status.sample_rates = {"cmd__start": rate, "cmd__done": rate, "atomic__sample": rate}
     target = session.target
     how_long = "until Ctrl-C" if opts.duration is None else f"for {opts.duration:g} s"
     if not opts.quiet:
@@ -138,7 +134,10 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     profile: Profile | None = None
     interrupted = False
     try:
+        if not opts.quiet:
+            _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
         session.start()
+        before = server_stats(opts.pid) or before  # the window starts now
         for snap in session.run(opts.duration, opts.interval):
             profile = snap
             if not opts.quiet:
@@ -153,6 +152,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         except Exception:  # keep what the last interval gave
             pass
     finally:
+        after = server_stats(opts.pid) if alive(opts.pid) else {}  # before detaching: same window
         session.close()
     if profile is None:
         raise RecordError("stopped before anything was collected")
@@ -160,14 +160,13 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
     if not opts.quiet:
         _progress(f"  {profile.window.duration_s:5.1f} s  {_summary_of(profile)}", final=True)
-    _finish(profile, before, opts.pid)
+    _finish(profile, before, after)
     profile.save(out)
     return profile, out
 
 
-def _finish(profile: Profile, before: dict[str, dict[str, str]], pid: int) -> None:
+def _finish(profile: Profile, before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> None:
     """The target's own counters around the window, and the findings."""
-    after = server_stats(pid) if not profile.status.partial else {}
     for name, group in before.items():
         profile.server_stats["before" if name == "general" else f"before.{name}"] = group
     for name, group in after.items():

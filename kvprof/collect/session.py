@@ -100,8 +100,6 @@ class Session:
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
         self._old_term = signal.signal(signal.SIGTERM, self._on_term)
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
         try:
             for name in self.names:
                 collector = _collector_class(name)(self.pid, self.opts)
@@ -124,6 +122,13 @@ class Session:
             self.close()
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
+        # The window starts once everything is attached (compiling a BPF
+        # program takes about a second each): the first collectors have
+        # counted a little longer, which is why they are attached in order of
+        # how little that matters, and why `record` reads the target's own
+        # stats only now.
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)

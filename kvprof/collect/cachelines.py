@@ -1,0 +1,232 @@
+"""The `cachelines` collector: shared counters whose cache line bounces
+between CPUs and sockets, from kvcached's `kvs:atomic__sample` probe
+(probes/cachelines.bpf.c).
+
+The transfer rule (the BPF program implements it; `classify_transfers` is
+its reference, used by the tests and the docs): walk the samples of one
+64-byte line in order; a sample whose previous sample on the same line came
+from another CPU is a transfer, from the previous CPU's socket to this
+CPU's socket; it is cross-socket when those sockets differ. The first sample
+of a line is no transfer.
+
+What it counts is sampled: the server fires atomic__sample for 1 update in
+N per worker and per site (`--probe-sample N`, recorded in
+`Profile.status.sample_rates["atomic__sample"]`). Samples, transfers and
+cycles are of the sampled updates; a transfer means the line moved at least
+once between two sampled updates. Transfers per sample is the comparable
+rate (shared vs per-thread design, one run vs another).
+
+Rows are kept per (site, line, thread); per CPU only through the socket
+matrix, since a thread's CPU changes and what matters is where the line went.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvprof.collect import CollectOptions
+from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
+from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
+from kvprof.model.topology import Topology
+
+HIST_SLOTS = 64
+MAX_SOCKETS = 8
+LINE = 64
+_COUNTERS = ("events", "map_full")
+
+
+@dataclass
+class Transfers:
+    """The outcome of the transfer rule over a sequence of samples."""
+
+    samples: int = 0
+    transfers: int = 0
+    cross_socket: int = 0
+    matrix: list[list[int]] = field(default_factory=list)  # [from socket][to socket]
+
+    @property
+    def same_socket(self) -> int:
+        return self.transfers - self.cross_socket
+
+
+def classify_transfers(
+    samples: Iterable[tuple[int, int]], socket_of: dict[int, int], sockets: int
+) -> dict[int, Transfers]:
+    """The reference transfer rule: `samples` are (address, cpu) in order;
+    returns per 64-byte line the samples, transfers, cross-socket transfers
+    and the socket x socket matrix. A CPU missing from `socket_of` is on
+    socket 0, as in the BPF program."""
+    last: dict[int, int] = {}
+    out: dict[int, Transfers] = {}
+    for addr, cpu in samples:
+        line = addr & ~(LINE - 1)
+        t = out.setdefault(line, Transfers(matrix=[[0] * sockets for _ in range(sockets)]))
+        t.samples += 1
+        prev = last.get(line)
+        last[line] = cpu
+        if prev is None or prev == cpu:
+            continue
+        src, dst = socket_of.get(prev, 0), socket_of.get(cpu, 0)
+        t.transfers += 1
+        t.cross_socket += src != dst
+        t.matrix[src][dst] += 1
+    return out
+
+
+@dataclass
+class LineRow:
+    """One BPF map entry: the samples of one thread on one (site, line)."""
+
+    site: str
+    line: int
+    tid: int
+    samples: int
+    transfers: int
+    cross: int
+    cycles: int
+    max_cycles: int
+
+
+@dataclass
+class _Snapshot:
+    rows: list[LineRow] = field(default_factory=list)
+    hist: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    matrix: dict[tuple[str, int], dict[tuple[int, int], int]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def _cstr(raw: Any) -> str:
+    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def socket_count(topology: Topology) -> int:
+    """Side of the socket matrix: sockets 0..max, capped at MAX_SOCKETS."""
+    return min(max(topology.sockets, default=0) + 1, MAX_SOCKETS)
+
+
+class CachelinesCollector:
+    name = "cachelines"
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid = pid
+        self.opts = opts
+        self.sockets = socket_count(opts.topology)
+        self._prog: KvsProgram | None = None
+        self._last = _Snapshot()
+        self._names: dict[int, str] = {}
+        self._rate = 0
+
+    def applies(self) -> str | None:
+        return not_applicable(
+            self.pid,
+            ["atomic__sample"],
+            "shared-counter cache-line transfers need the server's own atomic__sample probe",
+        )
+
+    def start(self) -> None:
+        cpus = self.opts.topology.cpus
+        max_cpus = max([*cpus, (os.cpu_count() or 1) - 1], default=0) + 1
+        self._rate = probe_sample(self.pid)
+        self._prog = KvsProgram(
+            self.pid,
+            "cachelines",
+            {"atomic__sample": "on_sample"},
+            [
+                f"-DMAX_ENTRIES={self.opts.max_entries}",
+                f"-DMAX_CPUS={max_cpus}",
+                f"-DMAX_SOCKETS={MAX_SOCKETS}",
+            ],
+        )
+        table = self._prog.table("cpu_socket")
+        for cpu, place in cpus.items():
+            table[ctypes.c_int(cpu)] = ctypes.c_uint(min(place.socket, MAX_SOCKETS - 1))
+
+    def _read(self) -> _Snapshot:
+        if self._prog is None:
+            return self._last
+        from kvprof.collect.locks import thread_name
+
+        snap = _Snapshot()
+        for k, v in self._prog.table("lines").items():
+            snap.rows.append(
+                LineRow(_cstr(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
+            )
+            if k.tid not in self._names:
+                self._names[k.tid] = thread_name(self.pid, k.tid)
+        for k, n in self._prog.table("hist").items():
+            h = snap.hist.setdefault((_cstr(k.site), k.line), [0] * HIST_SLOTS)
+            h[min(k.slot, HIST_SLOTS - 1)] += n.value
+        for k, n in self._prog.table("matrix").items():
+            cell = snap.matrix.setdefault((_cstr(k.site), k.line), {})
+            cell[(k.__getattribute__("from"), k.to)] = n.value
+        counters = self._prog.table("counters")
+        for i, label in enumerate(_COUNTERS):
+            snap.counters[label] = int(counters[ctypes.c_int(i)].value)
+        self._last = snap
+        return snap
+
+    def contribute(self, profile: Profile) -> None:
+        snap = self._read()
+        stats = aggregate(snap.rows, snap.hist, snap.matrix, self.sockets)
+        ours = {(c.site, c.line) for c in stats}
+        profile.cachelines[:] = [c for c in profile.cachelines if (c.site, c.line) not in ours] + stats
+        for tid in {r.tid for r in snap.rows}:
+            info = profile.threads.setdefault(str(tid), ThreadInfo())
+            if not info.name:
+                info.name = self._names.get(tid, "")
+        if self._rate:
+            profile.status.sample_rates["atomic__sample"] = self._rate
+        for label, value in snap.counters.items():
+            profile.status.counters[f"cachelines.{label}"] = value
+        if snap.counters.get("map_full"):
+            profile.status.warnings.append(
+                f"cachelines: {snap.counters['map_full']} samples dropped, map full: raise --max-entries"
+            )
+
+    def close(self) -> None:
+        if self._prog is not None:
+            try:
+                self._read()  # keep what was counted: the maps go with the program
+            except Exception:  # a failed last read must not keep probes attached
+                pass
+            prog, self._prog = self._prog, None
+            prog.close()
+
+
+def aggregate(
+    rows: list[LineRow],
+    hist: dict[tuple[str, int], list[int]],
+    matrix: dict[tuple[str, int], dict[tuple[int, int], int]],
+    sockets: int,
+) -> list[CacheLineStat]:
+    """Fold map rows into one CacheLineStat per (site, line), most transfers first."""
+    out: dict[tuple[str, int], CacheLineStat] = {}
+    cycles: dict[tuple[str, int], int] = {}
+    for r in rows:
+        key = (r.site, r.line)
+        st = out.get(key)
+        if st is None:
+            grid = [[0] * sockets for _ in range(sockets)]
+            for (src, dst), n in matrix.get(key, {}).items():
+                grid[min(src, sockets - 1)][min(dst, sockets - 1)] += n
+            st = out[key] = CacheLineStat(
+                site=r.site,
+                line=r.line,
+                hist_log2_cycles=list(hist.get(key, [0] * HIST_SLOTS)),
+                socket_matrix=grid,
+            )
+        st.samples += r.samples
+        st.transfers += r.transfers
+        st.cross_socket_transfers += r.cross
+        st.cycles_max = max(st.cycles_max, r.max_cycles)
+        cycles[key] = cycles.get(key, 0) + r.cycles
+        st.by_thread[str(r.tid)] = LineThread(
+            samples=r.samples, transfers=r.transfers, cycles_mean=r.cycles / r.samples if r.samples else 0.0
+        )
+    for key, st in out.items():
+        st.cycles_mean = cycles[key] / st.samples if st.samples else 0.0
+    return sorted(out.values(), key=lambda c: (-c.transfers, -c.samples, c.site, c.line))

@@ -1,0 +1,172 @@
+"""The `locks` collector: contended lock waits from kvcached's
+`kvs:lock__wait__done` probe (probes/locks.bpf.c).
+
+The probe fires on every contended acquisition (not sampled), so the waits
+counted here are the server's own `stats locks` numbers, seen per thread and
+per call site.
+
+One `LockStat` per lock *name*, not per address: `item_lock` is 1024 stripes,
+and a performance engineer asks "how much do we wait on item locks", not
+"on stripe 517". `address` is the lock of that name waited on longest (for a
+single lock like `topkeys`, the lock); `by_thread` and `stacks` cover every
+address of the name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprof.collect import CollectOptions
+from kvprof.collect.usdt import KvsProgram, not_applicable
+from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
+
+HIST_SLOTS = 64
+_COUNTERS = ("events", "map_full", "stack_errors")
+
+
+@dataclass
+class LockRow:
+    """One BPF map entry: waits of one thread on one lock from one call site."""
+
+    name: str
+    lock: int
+    tid: int
+    stack_id: int
+    waits: int
+    wait_ns: int
+    max_ns: int
+
+
+@dataclass
+class _Snapshot:
+    rows: list[LockRow] = field(default_factory=list)
+    hist: dict[str, list[int]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    frames: dict[int, list[str]] = field(default_factory=dict)  # stack id -> frames
+
+
+def _cstr(raw: Any) -> str:
+    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def thread_name(pid: int, tid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class LocksCollector:
+    name = "locks"
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid = pid
+        self.opts = opts
+        self._prog: KvsProgram | None = None
+        self._symbols: Any = None
+        self._last = _Snapshot()
+        self._names: dict[int, str] = {}
+
+    def applies(self) -> str | None:
+        return not_applicable(self.pid, ["lock__wait__done"], "lock waits come from the futex collector")
+
+    def start(self) -> None:
+        from kvprof.collect.symbols import Symbolizer
+
+        self._symbols = Symbolizer(self.pid)
+        self._prog = KvsProgram(
+            self.pid,
+            "locks",
+            {"lock__wait__done": "on_wait_done"},
+            [f"-DSTACK_STORAGE={self.opts.stack_storage}", f"-DMAX_ENTRIES={self.opts.max_entries}"],
+        )
+
+    def _read(self) -> _Snapshot:
+        if self._prog is None:
+            return self._last
+        snap = _Snapshot()
+        stacks = self._prog.table("stacks")
+        for k, v in self._prog.table("waits").items():
+            row = LockRow(_cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
+            snap.rows.append(row)
+            if row.stack_id not in snap.frames:
+                snap.frames[row.stack_id] = self._symbols.stack(stacks, row.stack_id)
+            if row.tid not in self._names:
+                self._names[row.tid] = thread_name(self.pid, row.tid)
+        for k, n in self._prog.table("hist").items():
+            h = snap.hist.setdefault(_cstr(k.name), [0] * HIST_SLOTS)
+            h[min(k.slot, HIST_SLOTS - 1)] += n.value
+        counters = self._prog.table("counters")
+        for i, label in enumerate(_COUNTERS):
+            snap.counters[label] = int(counters[ctypes.c_int(i)].value)
+        self._last = snap
+        return snap
+
+    def contribute(self, profile: Profile) -> None:
+        snap = self._read()
+        stats = aggregate(snap.rows, snap.hist, snap.frames)
+        ours = {s.name for s in stats}
+        profile.locks[:] = [lk for lk in profile.locks if lk.name not in ours] + stats
+        per_tid: dict[int, int] = {}
+        for r in snap.rows:
+            per_tid[r.tid] = per_tid.get(r.tid, 0) + r.wait_ns
+        for tid, ns in per_tid.items():
+            info = profile.threads.setdefault(str(tid), ThreadInfo())
+            info.lock_wait_ns = ns
+            if not info.name:
+                info.name = self._names.get(tid, "")
+        for label, value in snap.counters.items():
+            profile.status.counters[f"locks.{label}"] = value
+        if snap.counters.get("map_full"):
+            profile.status.warnings.append(
+                f"locks: {snap.counters['map_full']} waits dropped, map full: raise --max-entries"
+            )
+        if snap.counters.get("stack_errors"):
+            profile.status.warnings.append(
+                f"locks: {snap.counters['stack_errors']} call-site stacks lost: raise --stack-storage"
+            )
+
+    def close(self) -> None:
+        if self._prog is not None:
+            try:
+                self._read()  # keep what was counted: the maps go with the program
+            except Exception:  # a failed last read must not keep probes attached
+                pass
+            prog, self._prog = self._prog, None
+            prog.close()
+
+
+def aggregate(
+    rows: list[LockRow], hist: dict[str, list[int]], frames: dict[int, list[str]]
+) -> list[LockStat]:
+    """Fold map rows into one LockStat per lock name, most waited first."""
+    by_name: dict[str, LockStat] = {}
+    per_addr: dict[tuple[str, int], int] = {}
+    per_stack: dict[tuple[str, tuple[str, ...]], LockStack] = {}
+    for r in rows:
+        st = by_name.get(r.name)
+        if st is None:
+            st = by_name[r.name] = LockStat(
+                name=r.name, address=r.lock, hist_log2_ns=list(hist.get(r.name, [0] * HIST_SLOTS))
+            )
+        st.waits += r.waits
+        st.wait_ns += r.wait_ns
+        st.max_ns = max(st.max_ns, r.max_ns)
+        tw = st.by_thread.setdefault(str(r.tid), ThreadWaits())
+        tw.waits += r.waits
+        tw.wait_ns += r.wait_ns
+        per_addr[(r.name, r.lock)] = per_addr.get((r.name, r.lock), 0) + r.wait_ns
+        fr = tuple(frames.get(r.stack_id, []))
+        ls = per_stack.get((r.name, fr))
+        if ls is None:
+            ls = per_stack[(r.name, fr)] = LockStack(frames=list(fr), waits=0, wait_ns=0)
+            st.stacks.append(ls)
+        ls.waits += r.waits
+        ls.wait_ns += r.wait_ns
+    for st in by_name.values():
+        st.address = max((a for n, a in per_addr if n == st.name), key=lambda a: per_addr[(st.name, a)])
+        st.stacks.sort(key=lambda s: -s.wait_ns)
+    return sorted(by_name.values(), key=lambda s: -s.wait_ns)
