@@ -34,7 +34,7 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ("record", "bench", "doctor", "probes")
+COMMANDS: tuple[str, ...] = ("record", "report")
 
 
 def _positive_float(text: str) -> float:

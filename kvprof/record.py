@@ -112,10 +112,10 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     out = opts.output or default_output(opts.pid)
     before = server_stats(opts.pid)
     if opts.backend == "perf":
-        profile = _record_perf(opts)
-        _finish(profile, before, server_stats(opts.pid))
-        profile.save(out)
-        return profile, out
+        perf_profile = _record_perf(opts)
+        _finish(perf_profile, before, server_stats(opts.pid))
+        perf_profile.save(out)
+        return perf_profile, out
     try:
         session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, CollectOptions(hz=opts.hz))
     except TargetGone as e:

@@ -156,6 +156,9 @@ class Finding:
     per_socket: dict[str, dict[str, float]] = field(default_factory=dict)
     explanation: str = ""
     advice: str = ""
+    hotspot: str = ""  # id of the matching kvprof.analysis.hotspots entry, "" for a generic finding
+    sites: list[str] = field(default_factory=list)  # call sites (functions), most costly first
+    thread_names: dict[str, str] = field(default_factory=dict)  # tid -> name, for per_thread's keys
 
 
 @dataclass

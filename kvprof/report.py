@@ -1,0 +1,524 @@
+"""`kvprof report`: a profile as text (findings first) or as JSON for scripts.
+
+The text fits 80 columns. Findings read like Redis's LATENCY DOCTOR: what,
+how much, why, what to do, in plain sentences; then the tables they were
+drawn from: top functions by self and total samples, locks, cache lines
+(with the socket x socket transfer matrix when there is more than one
+socket), threads and requests.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvprof.analysis.findings import call_site, find, rank_key, summary
+from kvprof.analysis.hotspots import is_kernel, match_function, normalize
+from kvprof.model.profile import Finding, Profile
+
+WIDTH = 80
+REPORT_FORMAT = "kvprof-report"
+REPORT_VERSION = 1
+
+# status.counters suffix -> what to do about it
+COUNTER_ADVICE = {
+    "lost": "lower --hz or shorten the interval",
+    "stack_errors": "raise --stack-storage",
+    "map_full": "raise --max-entries",
+}
+
+
+# ---- tables (data) ----------------------------------------------------------
+
+
+@dataclass
+class FunctionRow:
+    function: str
+    self_samples: int
+    total_samples: int
+    self_share: float
+    total_share: float
+    hotspot: str
+
+
+@dataclass
+class LockRow:
+    name: str
+    waits: int
+    waits_per_s: float
+    wait_ms_per_s: float
+    max_ms: float
+    threads: int
+    call_site: str
+
+
+@dataclass
+class LineRow:
+    site: str
+    line: str
+    samples: int
+    updates_per_s: float
+    transfers_per_s: float
+    cross_socket_share: float
+    cycles_mean: float
+    writers: int
+
+
+@dataclass
+class ThreadRow:
+    tid: str
+    name: str
+    samples: int
+    cpu_share: float  # of one CPU over the window
+    sockets: str
+    lock_wait_ms: float
+    offcpu_ms: float
+    stack_quality: float | None
+
+
+@dataclass
+class RequestRow:
+    opcode: str
+    count: int
+    p50_us: float
+    p99_us: float
+
+
+def findings_of(profile: Profile) -> list[Finding]:
+    """The profile's findings, computed now when the recording did not store any."""
+    if profile.findings:
+        return sorted(profile.findings, key=rank_key)
+    return find(profile)
+
+
+def _duration(profile: Profile) -> float:
+    return profile.window.duration_s if profile.window.duration_s > 0 else 1.0
+
+
+def top_functions(profile: Profile, n: int) -> list[FunctionRow]:
+    """Functions by self samples (the leaf), with their total (anywhere on the stack)."""
+    total = sum(s.count for s in profile.oncpu)
+    self_: dict[str, int] = defaultdict(int)
+    incl: dict[str, int] = defaultdict(int)
+    for s in profile.oncpu:
+        if not s.frames:
+            continue
+        self_[s.frames[-1]] += s.count
+        for f in set(s.frames):
+            incl[f] += s.count
+    rows = [
+        FunctionRow(
+            function=f,
+            self_samples=self_.get(f, 0),
+            total_samples=incl[f],
+            self_share=self_.get(f, 0) / total if total else 0.0,
+            total_share=incl[f] / total if total else 0.0,
+            hotspot=(h.id if (h := match_function(f)) else ""),
+        )
+        for f in incl
+    ]
+    rows.sort(key=lambda r: (-r.self_samples, -r.total_samples, r.function))
+    by_self = rows[:n]
+    # functions that are never a leaf but carry much of the time (callers of hot code)
+    by_total = sorted(rows, key=lambda r: (-r.total_samples, r.function))
+    extra = [r for r in by_total[:n] if r not in by_self and r.self_samples == 0][: max(n // 3, 1)]
+    return by_self + extra
+
+
+def lock_rows(profile: Profile) -> list[LockRow]:
+    """One row per lock name, most waiting first."""
+    dur = _duration(profile)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, lk in enumerate(profile.locks):
+        groups[lk.name].append(i)
+    rows = []
+    for name, idx in groups.items():
+        locks = [profile.locks[i] for i in idx]
+        sites: dict[str, int] = defaultdict(int)
+        tids: set[str] = set()
+        for lk in locks:
+            tids.update(lk.by_thread)
+            for st in lk.stacks:
+                sites[call_site(st.frames)] += st.wait_ns
+        waits = sum(lk.waits for lk in locks)
+        wait_ns = sum(lk.wait_ns for lk in locks)
+        rows.append(
+            LockRow(
+                name=name,
+                waits=waits,
+                waits_per_s=waits / dur,
+                wait_ms_per_s=wait_ns / 1e6 / dur,
+                max_ms=max(lk.max_ns for lk in locks) / 1e6,
+                threads=len(tids),
+                call_site=max(sites.items(), key=lambda kv: kv[1])[0] if sites else "",
+            )
+        )
+    rows.sort(key=lambda r: (-r.wait_ms_per_s, r.name))
+    return rows
+
+
+def sample_rate(profile: Profile, probe: str) -> int:
+    """1 in N for a sampled probe, 1 when not recorded."""
+    for key in (probe, f"kvs:{probe}"):
+        rate = profile.status.sample_rates.get(key, 0)
+        if rate > 0:
+            return int(rate)
+    return 1
+
+
+def line_rows(profile: Profile) -> list[LineRow]:
+    """One row per (site, cache line), most transfers first; rates scaled by the sample rate."""
+    dur = _duration(profile)
+    rate = sample_rate(profile, "atomic__sample")
+    rows = [
+        LineRow(
+            site=cl.site,
+            line=f"{cl.line:#x}",
+            samples=cl.samples,
+            updates_per_s=cl.samples * rate / dur,
+            transfers_per_s=cl.transfers * rate / dur,
+            cross_socket_share=cl.cross_socket_transfers / cl.transfers if cl.transfers else 0.0,
+            cycles_mean=cl.cycles_mean,
+            writers=len([1 for v in cl.by_thread.values() if v.samples > 0]),
+        )
+        for cl in profile.cachelines
+    ]
+    rows.sort(key=lambda r: (-r.transfers_per_s, r.site, r.line))
+    return rows
+
+
+def socket_matrix(profile: Profile) -> list[list[float]]:
+    """Transfers per second [from socket][to socket], summed over all lines and scaled."""
+    dur = _duration(profile)
+    rate = sample_rate(profile, "atomic__sample")
+    size = max((len(cl.socket_matrix) for cl in profile.cachelines), default=0)
+    m = [[0.0] * size for _ in range(size)]
+    for cl in profile.cachelines:
+        for i, row in enumerate(cl.socket_matrix):
+            for j, v in enumerate(row):
+                m[i][j] += v * rate / dur
+    return m
+
+
+def thread_rows(profile: Profile) -> list[ThreadRow]:
+    """Every thread, busiest first."""
+    dur = _duration(profile)
+    hz = profile.hz
+    lock_ns: dict[str, int] = defaultdict(int)
+    for lk in profile.locks:
+        for tid, tw in lk.by_thread.items():
+            lock_ns[tid] += tw.wait_ns
+    off_ns: dict[str, int] = defaultdict(int)
+    for st in profile.offcpu.stacks:
+        off_ns[str(st.tid)] += st.ns
+    rows = []
+    for tid, th in profile.threads.items():
+        rows.append(
+            ThreadRow(
+                tid=tid,
+                name=th.name,
+                samples=th.cpu_samples,
+                cpu_share=th.cpu_samples / hz / dur if hz > 0 else 0.0,
+                sockets=",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items())),
+                lock_wait_ms=(th.lock_wait_ns or lock_ns.get(tid, 0)) / 1e6,
+                offcpu_ms=(th.offcpu_ns or off_ns.get(tid, 0)) / 1e6,
+                stack_quality=th.stack_quality,
+            )
+        )
+    rows.sort(key=lambda r: (-r.samples, r.tid))
+    return rows
+
+
+def request_rows(profile: Profile) -> list[RequestRow]:
+    """Requests per opcode, most frequent first."""
+    rows = [RequestRow(op, r.count, r.p50_ns / 1e3, r.p99_ns / 1e3) for op, r in profile.requests.items()]
+    rows.sort(key=lambda r: (-r.count, r.opcode))
+    return rows
+
+
+def collector_states(profile: Profile) -> dict[str, str]:
+    """Collector -> "ok" or why it did not apply / failed."""
+    states = dict(profile.status.collectors)
+    for name in profile.collectors:
+        states.setdefault(name, "ok")
+    return states
+
+
+def warnings_of(profile: Profile) -> list[str]:
+    """Lines that say the profile is incomplete and what flag to raise."""
+    out = []
+    st = profile.status
+    if st.partial:
+        out.append(f"partial profile: {st.reason or 'the recording did not finish'}")
+    for key, value in sorted(st.counters.items()):
+        if value <= 0:
+            continue
+        suffix = key.rsplit(".", 1)[-1]
+        for word, advice in COUNTER_ADVICE.items():
+            if suffix == word or suffix.endswith(word):
+                out.append(f"{key} = {value:,}: {advice}")
+                break
+    for w in st.warnings:
+        if w not in out:
+            out.append(w)
+    return out
+
+
+# ---- JSON ---------------------------------------------------------------------
+
+
+def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
+    """Findings and tables as one JSON-able object."""
+    findings = findings_of(profile)
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "target": asdict(profile.target),
+        "window": asdict(profile.window),
+        "hz": profile.hz,
+        "collectors": collector_states(profile),
+        "partial": profile.status.partial,
+        "warnings": warnings_of(profile),
+        "sample_rates": dict(profile.status.sample_rates),
+        "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
+        "tables": {
+            "functions": [asdict(r) for r in top_functions(profile, top)],
+            "locks": [asdict(r) for r in lock_rows(profile)],
+            "cachelines": [asdict(r) for r in line_rows(profile)],
+            "socket_matrix": socket_matrix(profile),
+            "threads": [asdict(r) for r in thread_rows(profile)],
+            "requests": [asdict(r) for r in request_rows(profile)],
+        },
+    }
+
+
+# ---- text ---------------------------------------------------------------------
+
+
+def _n(x: float) -> str:
+    """A rate or count, readable: 1,234 / 12.3 / 1.23 / 7."""
+    if abs(x) >= 100 or x == int(x):
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 1)] + "…"
+
+
+def _wrap(text: str, indent: str, first: str | None = None) -> list[str]:
+    return textwrap.wrap(
+        text,
+        width=WIDTH,
+        initial_indent=first if first is not None else indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=True,
+    )
+
+
+def _header(profile: Profile) -> list[str]:
+    t = profile.target
+    lines = []
+    who = t.comm or (t.exe.rsplit("/", 1)[-1] if t.exe else "?")
+    lines.append(_fit(f"kvprof report: {who} PID {t.pid}", WIDTH))
+    if t.cmdline:
+        lines.extend(_wrap(" ".join(t.cmdline), "    ", "  command: "))
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(profile.window.start))
+        if profile.window.start
+        else "unknown start"
+    )
+    sockets = {p.get("socket", 0) for p in profile.host.topology.values()} or {0}
+    host = []
+    if profile.host.kernel:
+        host.append(f"kernel {profile.host.kernel}")
+    if profile.host.cpus:
+        host.append(f"{profile.host.cpus} CPUs")
+    host.append(f"{len(sockets)} socket" + ("s" if len(sockets) != 1 else ""))
+    lines.extend(
+        _wrap(
+            f"{when}, {profile.window.duration_s:.1f} s at {profile.hz} Hz; {', '.join(host)}; "
+            f"kvs probes: {'yes' if t.kvs_probes else 'no'}",
+            "    ",
+            "  window: ",
+        )
+    )
+    states = collector_states(profile)
+    ok = [n for n, s in states.items() if s == "ok"]
+    lines.extend(_wrap(", ".join(ok) or "none", "    ", "  collectors: "))
+    for name, state in states.items():
+        if state != "ok":
+            lines.extend(_wrap(f"{name}: {state}", "      ", "    not used: "))
+    for w in warnings_of(profile):
+        lines.extend(_wrap(w, "    ", "WARNING: "))
+    return lines
+
+
+# per-thread columns shown for each kind of finding: (key, header, scale)
+THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
+    "lock": [
+        ("waits_per_s", "waits/s", 1.0),
+        ("wait_ms_per_s", "wait ms/s", 1.0),
+        ("wait_share", "% time", 100.0),
+    ],
+    "cacheline": [
+        ("updates_per_s", "updates/s", 1.0),
+        ("transfers_per_s", "transfers/s", 1.0),
+        ("cycles_mean", "cycles", 1.0),
+    ],
+    "cpu": [
+        ("samples", "samples", 1.0),
+        ("share_of_thread", "% thread", 100.0),
+        ("cpu_s_per_s", "CPU %", 100.0),
+    ],
+    "futex": [
+        ("waits_per_s", "waits/s", 1.0),
+        ("wait_ms_per_s", "wait ms/s", 1.0),
+        ("wait_share", "% time", 100.0),
+    ],
+    "offcpu": [("offcpu_ms_per_s", "off-CPU ms/s", 1.0), ("wall_share", "% time", 100.0)],
+}
+
+
+def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
+    lines = []
+    head = f"{i}. {f.severity.upper()}: {f.title} [{f.category}]"
+    lines.extend(_wrap(head, "   ", ""))
+    lines.extend(_wrap(summary(f), "   "))
+    if f.severity == "info":
+        # info findings are context, not problems: what and how much only
+        return lines
+    kind = "futex" if f.id.startswith("futex:") else f.category
+    cols = THREAD_COLUMNS.get(kind, [])
+    if f.per_thread and cols:
+        name_w = WIDTH - 5 - 13 * len(cols)
+        hdr = "   " + "thread".ljust(name_w) + "".join(h.rjust(13) for _, h, _ in cols)
+        lines.append(hdr.rstrip())
+        for tid, row in list(f.per_thread.items())[:8]:
+            label = f"{f.thread_names.get(tid) or '?'} ({tid})"
+            cells = "".join(_n(row.get(k, 0.0) * scale).rjust(13) for k, _, scale in cols)
+            lines.append("     " + _fit(label, name_w - 2).ljust(name_w - 2) + cells)
+        if len(f.per_thread) > 8:
+            lines.append(f"     ... and {len(f.per_thread) - 8} more threads")
+    if many_sockets and f.per_socket:
+        parts = []
+        for s, row in sorted(f.per_socket.items()):
+            parts.append(f"socket {s}: " + ", ".join(f"{k} {_n(v)}" for k, v in row.items()))
+        lines.extend(_wrap("; ".join(parts), "     ", "   Per socket: "))
+    lines.extend(_wrap(f.explanation, "   ", "   Why: "))
+    lines.extend(_wrap(f.advice, "   ", "   What to do: "))
+    return lines
+
+
+def _section(title: str) -> list[str]:
+    return ["", title, "-" * len(title)]
+
+
+def render_text(profile: Profile, top: int = 15) -> str:
+    """The whole report as text, every line at most 80 columns."""
+    findings = findings_of(profile)
+    sockets = {p.get("socket", 0) for p in profile.host.topology.values()}
+    matrix = socket_matrix(profile)
+    many_sockets = len(sockets) > 1 or len(matrix) > 1
+    out = _header(profile)
+
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("critical", "warning", "info")}
+    out += _section(
+        f"FINDINGS: {counts['critical']} critical, {counts['warning']} warning, "
+        f"{counts['info']} info (most costly first)"
+    )
+    if not findings:
+        out.append("No contention found: no hot catalog function, contended lock or bouncing")
+        out.append("cache line crossed a threshold (see docs/report.md).")
+    for i, f in enumerate(findings, 1):
+        if i > 1 and (f.severity != "info" or findings[i - 2].severity != "info"):
+            out.append("")
+        out += _finding_lines(i, f, many_sockets)
+    if any(f.severity == "info" for f in findings):
+        out.append("(info findings are shown short; --json has every field)")
+
+    total = sum(s.count for s in profile.oncpu)
+    funcs = top_functions(profile, top)
+    out += _section(f"TOP FUNCTIONS ({total:,} on-CPU samples)")
+    if funcs:
+        out.append(f"{'self %':>7} {'total %':>8}  function")
+        for r in funcs:
+            name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
+            mark = " *" if r.hotspot else ""
+            out.append(
+                f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19)
+            )
+        if any(r.hotspot for r in funcs):
+            out.append("  * a known contention spot (see FINDINGS)")
+    else:
+        out.append("no on-CPU samples")
+
+    locks = lock_rows(profile)
+    out += _section("LOCKS (contended acquisitions only)")
+    if locks:
+        out.append(f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site")
+        for lr in locks:
+            out.append(
+                f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
+                f"{_n(lr.max_ms):>9}{lr.threads:>5}  " + _fit(lr.call_site, WIDTH - 51)
+            )
+    else:
+        out.append("no contended lock" if profile.target.kvs_probes else "no lock data (no kvs probes)")
+
+    lrows = line_rows(profile)
+    rate = sample_rate(profile, "atomic__sample")
+    out += _section("CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""))
+    if lrows:
+        out.append(
+            f"{'site':<17}{'line':>15}{'updates/s':>12}{'transfers/s':>12}{'cross%':>7}{'cycles':>8}{'thr':>5}"
+        )
+        for cr in lrows[: max(top, 1)]:
+            out.append(
+                f"{_fit(cr.site, 16):<17}{_fit(cr.line, 14):>15}{_n(cr.updates_per_s):>12}"
+                f"{_n(cr.transfers_per_s):>12}{cr.cross_socket_share * 100:7.1f}{cr.cycles_mean:8.0f}"
+                f"{cr.writers:>5}"
+            )
+        if len(lrows) > top:
+            out.append(f"... and {len(lrows) - top} more lines")
+        if many_sockets and matrix:
+            out.append("")
+            out.append("transfers/s, from socket (row) to socket (column):")
+            out.append("      " + "".join(f"{j:>12}" for j in range(len(matrix))))
+            for i, row in enumerate(matrix):
+                out.append(f"{i:>6}" + "".join(f"{_n(v):>12}" for v in row))
+    else:
+        out.append("no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)")
+
+    trows = thread_rows(profile)
+    out += _section("THREADS")
+    if trows:
+        out.append(
+            f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}"
+            f"{'offcpu ms':>10}{'stk ok':>7}"
+        )
+        for th in trows:
+            q = "-" if th.stack_quality is None else f"{(1 - th.stack_quality) * 100:.0f}%"
+            out.append(
+                f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
+                f"{_fit(th.sockets or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
+            )
+        out.append("  stk ok: share of the thread's stacks that look complete")
+    else:
+        out.append("no thread data")
+
+    rrows = request_rows(profile)
+    if rrows or profile.target.kvs_probes:
+        out += _section("REQUESTS (sampled)")
+        if rrows:
+            out.append(f"{'opcode':<12}{'count':>12}{'p50 µs':>12}{'p99 µs':>12}")
+            for rq in rrows:
+                out.append(f"{_fit(rq.opcode, 11):<12}{rq.count:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}")
+        else:
+            out.append("no requests sampled")
+    return "\n".join(line.rstrip() for line in out) + "\n"
