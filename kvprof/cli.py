@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -34,7 +35,7 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ("record", "report")
+COMMANDS: tuple[str, ...] = ("record", "report", "doctor", "probes")
 
 
 def _positive_float(text: str) -> float:
@@ -131,7 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    status: int = args.run(args)
+    try:
+        status: int = args.run(args)
+    except BrokenPipeError:
+        # `kvprof ... | head`: the reader left; say nothing, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return status
 
 

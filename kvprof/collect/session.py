@@ -25,6 +25,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from kvprof.collect import CollectError, CollectOptions
+from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests")
@@ -91,6 +92,7 @@ class Session:
         self.active: list[Any] = []
         self.started_at = 0.0
         self._t0 = 0.0
+        self._base: Profile | None = None  # what was counted before the window started
         self._old_term: Any = None
 
     # ---- lifetime ------------------------------------------------------------
@@ -123,10 +125,11 @@ class Session:
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
         # The window starts once everything is attached (compiling a BPF
-        # program takes about a second each): the first collectors have
-        # counted a little longer, which is why they are attached in order of
-        # how little that matters, and why `record` reads the target's own
-        # stats only now.
+        # program takes a second or more each): what the first collectors
+        # counted meanwhile is subtracted from every snapshot, so all of them
+        # cover the same window, and `record` reads the target's own stats
+        # at this point for the ground truth.
+        self._base = self._read()
         self.started_at = time.time()
         self._t0 = time.monotonic()
 
@@ -160,7 +163,11 @@ class Session:
         return time.monotonic() - self._t0 if self._t0 else 0.0
 
     def snapshot(self) -> Profile:
-        """Everything counted since start, as a Profile (no findings yet)."""
+        """Everything counted since the window started, as a Profile (no findings yet)."""
+        raw = self._read()
+        return delta(raw, self._base) if self._base is not None else raw
+
+    def _read(self) -> Profile:
         profile = Profile(
             target=self.target,
             host=Host(

@@ -10,9 +10,12 @@ what was resolved once the target is gone.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from bcc import BPF
+
+TRACING_FRAMES = ("__traceiter_", "perf_trace_", "trace_event_raw_event_", "bpf_trace_run", "__bpf_trace_")
 
 
 class Symbolizer:
@@ -20,6 +23,15 @@ class Symbolizer:
         self.pid = pid
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
+
+    def warm(self) -> None:
+        """Read the target's memory map now, while it runs: BCC loads each
+        module's symbols lazily from its file, so addresses seen before the
+        target died still resolve after it is gone."""
+        try:
+            BPF._sym_cache(self.pid)
+        except Exception:  # gone already: frames fall back to addresses
+            pass
 
     def user(self, addr: int) -> str:
         frame = self._user.get(addr)
@@ -53,8 +65,14 @@ class Symbolizer:
             addrs = list(table.walk(stack_id))
         except KeyError:
             return []
-        resolve = self.kernel if kernel else self.user
-        return [resolve(a) for a in reversed(addrs)]
+        if not kernel:
+            return [self.user(a) for a in reversed(addrs)]
+        frames = [self.kernel(a) for a in reversed(addrs)]
+        # A stack taken at a tracepoint ends in the tracing machinery that ran
+        # the BPF program (`__traceiter_sched_switch`): not the target's cost.
+        while frames and frames[-1].startswith(TRACING_FRAMES):
+            frames.pop()
+        return frames
 
 
 def stack_looks_truncated(frames: list[str]) -> bool:
@@ -63,3 +81,27 @@ def stack_looks_truncated(frames: list[str]) -> bool:
     if not frames:
         return True
     return len(frames) <= 2 or frames[0].startswith("0x") or "+0x" in frames[0]
+
+
+class ThreadNames:
+    """Thread names (`/proc/PID/task/TID/comm`) read while the target runs and
+    kept once it is gone; names it never saw come from `fallback`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._names: dict[int, str] = {}
+
+    def refresh(self) -> None:
+        task = Path(f"/proc/{self.pid}/task")
+        try:
+            tids = [int(t.name) for t in task.iterdir()]
+        except OSError:  # the process is gone
+            return
+        for tid in tids:
+            try:
+                self._names[tid] = (task / str(tid) / "comm").read_text().rstrip("\n")
+            except OSError:  # the thread exited meanwhile
+                pass
+
+    def get(self, tid: int, fallback: str = "") -> str:
+        return self._names.get(tid) or fallback

@@ -1,0 +1,65 @@
+"""`kvprof doctor [-p PID] [--json]`: can this machine profile, and what fixes it."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+EXAMPLES = """\
+examples:
+  kvprof doctor              # this machine, and server/build/kvcached's frame pointers
+  kvprof doctor -p 1234      # ... and the frame pointers of PID 1234 and its libc
+  kvprof doctor --json       # the same checks as one JSON object
+
+Each line is `ok|info|warn|FAIL  check: finding`; a problem is followed by the
+command that fixes it. info: absent, and not needed. The exit status is 1 only
+when profiling cannot work at all (a FAIL), else 0.
+"""
+
+WIDTH = 80
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser(
+        "doctor",
+        help="check kernel, BPF, headers, tracefs, PMU, frame pointers; say what to do",
+        description="Check whether this machine can profile, and print the command that fixes each problem.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-p", "--pid", type=int, metavar="PID", help="check this process's frame pointers")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(run=run)
+
+
+def format_check(status: str, name: str, finding: str, fix: str | None) -> str:
+    lines = textwrap.wrap(
+        f"{name}: {finding}",
+        WIDTH,
+        initial_indent=f"{status:<6}",
+        subsequent_indent=" " * 6,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    if fix:
+        lines.append(f"{'':6}fix: {fix}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvprof import doctor
+
+    checks = doctor.run_checks(args.pid)
+    if args.json:
+        print(doctor.to_json(checks))
+    else:
+        for c in checks:
+            print(format_check(c.status, c.name, c.finding, c.fix))
+        fatal = [c.name for c in checks if c.fatal]
+        if fatal:
+            print(f"\nprofiling cannot work here: fix {', '.join(fatal)} first")
+        else:
+            warned = sum(c.status == "warn" for c in checks)
+            plural = "s" if warned > 1 else ""
+            print(f"\nready to profile ({warned} warning{plural})" if warned else "\nready to profile")
+    return doctor.exit_status(checks)

@@ -1,0 +1,495 @@
+"""`kvprof doctor`: can this machine profile, and what to do when it cannot.
+
+Each check gives a status, a finding in plain words, and for a problem the
+exact command that fixes it. Statuses:
+
+    ok    works
+    info  absent, and kvprof does not need it (kprobes, the PMU, BTF)
+    warn  works, but something is lost (stacks stop in libc, no USDT, ...)
+    FAIL  profiling cannot work at all (no BPF, no tracefs, not privileged)
+
+Only FAIL makes the doctor exit non-zero. The roots it reads (/proc, /sys,
+/lib/modules) and the kernel release are fields of `Host`, so tests can
+point the checks at fake trees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvprof.probes import ElfFile, ProbesError, open_process
+
+REPO = Path(__file__).resolve().parent.parent
+KVCACHED = REPO / "server" / "build" / "kvcached"
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
+
+# Capability bits (linux/capability.h).
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+
+# (bpf, perf_event_open) syscall numbers.
+_SYSCALLS = {"x86_64": (321, 298), "aarch64": (280, 241)}
+
+# Share of sampled x86-64 function prologues with `mov %rsp,%rbp` above which a
+# binary counts as built with frame pointers, and below which it has none.
+# Measured: kvcached 75 %, Debian's glibc 2 %, python3.11 0 %. Not 100 %:
+# gcc's shrink-wrapping and frameless leaves leave some functions without one.
+FP_PRESENT, FP_ABSENT = 0.5, 0.1
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    finding: str
+    fix: str | None = None
+
+    @property
+    def fatal(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass
+class Host:
+    """Where the checks look; defaults are the running machine."""
+
+    proc: Path = Path("/proc")
+    sys: Path = Path("/sys")
+    modules: Path = Path("/lib/modules")
+    release: str = field(default_factory=lambda: os.uname().release)
+    machine: str = field(default_factory=platform.machine)
+    euid: int = field(default_factory=os.geteuid)
+
+
+# ---- kernel -------------------------------------------------------------------
+
+
+def check_kernel(host: Host) -> Check:
+    m = re.match(r"(\d+)\.(\d+)", host.release)
+    version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    what = f"{host.release} ({host.machine})"
+    if version >= (4, 20):
+        return Check("kernel", OK, what)
+    return Check(
+        "kernel",
+        WARN,
+        f"{what}: older than 4.20, whose uprobes can raise USDT semaphores themselves",
+        "use a 5.x or newer kernel (the Vagrant VM: `vagrant up`)",
+    )
+
+
+def _cap_eff(host: Host) -> int:
+    try:
+        for line in (host.proc / "self" / "status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _paranoid(host: Host) -> str:
+    try:
+        return (host.proc / "sys" / "kernel" / "perf_event_paranoid").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def check_privileges(host: Host) -> Check:
+    paranoid = f"perf_event_paranoid {_paranoid(host)}"
+    if host.euid == 0:
+        return Check("privileges", OK, f"root ({paranoid}, which does not limit root)")
+    caps = _cap_eff(host)
+    has = {n for n, bit in (("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON)) if caps >> bit & 1}
+    if caps >> CAP_SYS_ADMIN & 1 or has == {"CAP_BPF", "CAP_PERFMON"}:
+        return Check(
+            "privileges",
+            OK,
+            f"uid {host.euid} with {' + '.join(sorted(has)) or 'CAP_SYS_ADMIN'} ({paranoid})",
+        )
+    return Check(
+        "privileges",
+        FAIL,
+        f"uid {host.euid} without CAP_BPF and CAP_PERFMON ({paranoid}): cannot load BPF programs",
+        "sudo kvprof ...   "
+        "(or: sudo setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep $(readlink -f $(which python3)))",
+    )
+
+
+# ---- BPF, tracefs, probes -------------------------------------------------------
+
+
+def _syscall(nr: int, *args: object) -> tuple[int, int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ret = int(libc.syscall(ctypes.c_long(nr), *args))
+    return ret, ctypes.get_errno()
+
+
+def bpf_prog_load() -> tuple[bool, str]:
+    """Load `r0 = 0; exit` as a tracepoint program through bpf(2); (loaded, why not)."""
+    nrs = _SYSCALLS.get(platform.machine())
+    if nrs is None:
+        return False, f"no bpf syscall number known for {platform.machine()}"
+    insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)  # BPF_MOV64_IMM(R0, 0); BPF_EXIT_INSN()
+    license = ctypes.create_string_buffer(b"GPL")
+    attr = ctypes.create_string_buffer(128)
+    # union bpf_attr for BPF_PROG_LOAD: prog_type, insn_cnt, insns, license
+    BPF_PROG_TYPE_TRACEPOINT, BPF_PROG_LOAD = 5, 5
+    ctypes.memmove(attr, (ctypes.c_uint32 * 2)(BPF_PROG_TYPE_TRACEPOINT, 2), 8)
+    ctypes.memmove(
+        ctypes.byref(attr, 8), (ctypes.c_uint64 * 2)(ctypes.addressof(insns), ctypes.addressof(license)), 16
+    )
+    fd, err = _syscall(nrs[0], ctypes.c_int(BPF_PROG_LOAD), attr, ctypes.c_uint(128))
+    if fd >= 0:
+        os.close(fd)
+        return True, ""
+    return False, f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
+
+
+def check_bpf(host: Host) -> Check:
+    loaded, why = bpf_prog_load()
+    if loaded:
+        return Check("BPF syscall", OK, "a tracepoint program loads")
+    if why.startswith(("EPERM", "EACCES")):
+        return Check("BPF syscall", FAIL, f"loading a program was refused: {why}", "sudo kvprof ...")
+    return Check(
+        "BPF syscall",
+        FAIL,
+        f"loading a program failed: {why}",
+        "use a kernel built with CONFIG_BPF_SYSCALL=y (the Vagrant VM: `vagrant up`)",
+    )
+
+
+def check_bcc() -> Check:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvprof.collect.selftest"], capture_output=True, text=True, timeout=120
+        )
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
+        return Check("BCC", FAIL, f"the BCC self-test did not finish: {e}", "scripts/provision.sh")
+    if result.get("ok"):
+        return Check("BCC", OK, f"BCC {result.get('bcc')} compiles, loads and attaches a tracepoint program")
+    why = str(result.get("error"))
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    if errors:
+        why += f"; {errors[0].strip()}"
+    return Check(
+        "BCC",
+        FAIL,
+        why,
+        "scripts/provision.sh   (installs python3-bpfcc and links kernel headers)",
+    )
+
+
+def _mounts(host: Host) -> list[tuple[str, str]]:
+    try:
+        text = (host.proc / "mounts").read_text()
+    except OSError:
+        return []
+    return [(p[2], p[1]) for p in (line.split() for line in text.splitlines()) if len(p) >= 3]
+
+
+def tracefs_dir(host: Host) -> Path | None:
+    mounted = {point for fstype, point in _mounts(host) if fstype == "tracefs"}
+    for point in (str(host.sys / "kernel" / "tracing"), str(host.sys / "kernel" / "debug" / "tracing")):
+        if point in mounted:
+            return Path(point)
+    return None
+
+
+def check_tracefs(host: Host) -> Check:
+    where = tracefs_dir(host)
+    if where is not None:
+        return Check("tracefs", OK, f"mounted on {where}")
+    return Check(
+        "tracefs",
+        FAIL,
+        f"not mounted on {host.sys / 'kernel' / 'tracing'}: tracepoints and uprobes cannot be attached",
+        "mount -t tracefs tracefs /sys/kernel/tracing",
+    )
+
+
+def check_kprobes(host: Host) -> Check:
+    tracing = tracefs_dir(host) or host.sys / "kernel" / "tracing"
+    pmu = host.sys / "bus" / "event_source" / "devices" / "kprobe"
+    if (tracing / "kprobe_events").exists() or pmu.exists():
+        return Check("kprobes", OK, "available (kvprof does not use them: tracepoints and USDT only)")
+    return Check(
+        "kprobes",
+        INFO,
+        "not in this kernel; not needed: kvprof uses tracepoints and USDT probes only",
+    )
+
+
+def check_uprobes(host: Host) -> Check:
+    tracing = tracefs_dir(host) or host.sys / "kernel" / "tracing"
+    pmu = host.sys / "bus" / "event_source" / "devices" / "uprobe"
+    ways = []
+    if pmu.exists():
+        ways.append("perf uprobe PMU")
+    if (tracing / "uprobe_events").exists():
+        ways.append(f"{tracing / 'uprobe_events'}")
+    if ways:
+        return Check("uprobes", OK, "available (" + ", ".join(ways) + "): USDT probes can be attached")
+    return Check(
+        "uprobes",
+        WARN,
+        "not in this kernel: the USDT collectors (locks, cachelines, requests) and `kvprof probes` "
+        "cannot attach; CPU and off-CPU profiles still work",
+        "use a kernel built with CONFIG_UPROBE_EVENTS=y (the Vagrant VM: `vagrant up`)",
+    )
+
+
+def check_btf(host: Host) -> Check:
+    btf = host.sys / "kernel" / "btf" / "vmlinux"
+    if btf.exists():
+        return Check("BTF", OK, f"{btf} present")
+    return Check("BTF", INFO, f"no {btf}; not needed: BCC compiles against kernel headers")
+
+
+# ---- kernel headers -----------------------------------------------------------
+
+
+def check_headers(host: Host) -> Check:
+    build = host.modules / host.release / "build"
+    fix = f"scripts/provision.sh   (or: apt-get install linux-headers-{host.release})"
+    if not build.exists():
+        kheaders = host.sys / "kernel" / "kheaders.tar.xz"
+        dangling = f" ({build} is a dangling link to {os.readlink(build)})" if build.is_symlink() else ""
+        if kheaders.exists():
+            return Check(
+                "kernel headers",
+                WARN,
+                f"none in {build}{dangling}; BCC falls back to the kernel's own {kheaders}",
+                fix,
+            )
+        return Check("kernel headers", FAIL, f"none in {build}{dangling}: BCC cannot compile programs", fix)
+    target = build.resolve()
+    package = target.name if target.name.startswith("linux-headers-") else None
+    if package == f"linux-headers-{host.release}":
+        return Check("kernel headers", OK, f"matching: {package}")
+    try:
+        built_for = (target / "include" / "config" / "kernel.release").read_text().strip()
+    except OSError:
+        built_for = ""
+    if package is None and built_for == host.release:
+        return Check("kernel headers", OK, f"matching: the kernel's build tree {target}")
+    what = package or str(target)
+    return Check(
+        "kernel headers",
+        OK,
+        f"no package for {host.release}: {build} is linked to {what}"
+        f"{f' (headers of {built_for})' if built_for else ''}. Safe: kvprof's BPF code never "
+        "dereferences kernel structs (tracepoint fields and USDT arguments only)",
+    )
+
+
+# ---- hardware PMU ---------------------------------------------------------------
+
+
+def pmu_available() -> tuple[bool, str]:
+    """Open a user-space `instructions` counter on this thread; (opened, why not)."""
+    nrs = _SYSCALLS.get(platform.machine())
+    if nrs is None:
+        return False, f"no perf_event_open number known for {platform.machine()}"
+    attr = ctypes.create_string_buffer(64)  # PERF_ATTR_SIZE_VER0
+    PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS = 0, 1
+    ctypes.memmove(attr, (ctypes.c_uint32 * 2)(PERF_TYPE_HARDWARE, 64), 8)
+    ctypes.memmove(ctypes.byref(attr, 8), (ctypes.c_uint64 * 1)(PERF_COUNT_HW_INSTRUCTIONS), 8)
+    # flags at offset 40: disabled (bit 0), exclude_kernel (bit 5), exclude_hv (bit 6)
+    ctypes.memmove(ctypes.byref(attr, 40), (ctypes.c_uint64 * 1)(1 | 1 << 5 | 1 << 6), 8)
+    fd, err = _syscall(nrs[1], attr, ctypes.c_int(0), ctypes.c_int(-1), ctypes.c_int(-1), ctypes.c_ulong(0))
+    if fd >= 0:
+        os.close(fd)
+        return True, ""
+    return False, errno.errorcode.get(err, str(err))
+
+
+def check_pmu() -> Check:
+    ok, why = pmu_available()
+    if ok:
+        return Check("hardware PMU", OK, "instructions can be counted: `perf c2c` can run as an extra")
+    return Check(
+        "hardware PMU",
+        INFO,
+        f"none ({why} for `instructions`, as in most VMs): on-CPU sampling uses the cpu-clock "
+        "software event, and cache-line bouncing is measured through the kvs probes "
+        "(perf c2c cannot run)",
+    )
+
+
+# ---- frame pointers ---------------------------------------------------------------
+
+
+def _producers(path: Path) -> list[str]:
+    """DW_AT_producer of each compile unit (gcc records its flags there), [] without DWARF."""
+    try:
+        out = subprocess.run(
+            ["readelf", "--debug-dump=info", "--dwarf-depth=1", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = re.finditer(r"DW_AT_producer\s*:\s*(?:\(indirect[^)]*\):\s*)?(.*)", out)
+    return [m.group(1).strip() for m in found]
+
+
+def _unit_keeps_frame_pointer(producer: str) -> bool:
+    """gcc keeps frame pointers when told to, and at -O0 (the dtrace -G unit, for one)."""
+    flags = producer.split()
+    keep = omit = -1
+    for i, flag in enumerate(flags):
+        if flag == "-fno-omit-frame-pointer":
+            keep = i
+        elif flag == "-fomit-frame-pointer":
+            omit = i
+    if keep >= 0 or omit >= 0:
+        return keep > omit
+    return not any(re.fullmatch(r"-O(?!0$).*", flag) for flag in flags)
+
+
+@dataclass(frozen=True)
+class FramePointers:
+    """How a binary was built, as far as stack walking is concerned."""
+
+    verdict: str  # "yes", "no", "partial", "unknown"
+    evidence: str
+
+
+def frame_pointers(path: Path) -> FramePointers:
+    """From gcc's recorded flags when there is DWARF, else from sampled prologues (x86-64)."""
+    try:
+        elf = ElfFile(path)
+    except ProbesError as e:
+        return FramePointers("unknown", str(e))
+    if elf.section(".debug_info") is not None:
+        units = [p for p in _producers(path) if p.startswith("GNU ") and not p.startswith("GNU AS")]
+        if units:
+            with_fp = sum(_unit_keeps_frame_pointer(p) for p in units)
+            verdict = "yes" if with_fp == len(units) else "no" if with_fp == 0 else "partial"
+            return FramePointers(verdict, f"gcc kept them in {with_fp} of {len(units)} compile units")
+    if elf.machine != 62:  # EM_X86_64
+        return FramePointers("unknown", "no DWARF producer flags, and prologues are only read on x86-64")
+    funcs = [f for f in elf.functions() if f.size >= 16]
+    if not funcs:
+        return FramePointers("unknown", "no function symbols to sample")
+    step = max(1, len(funcs) // 400)
+    sample = funcs[::step]
+    # `mov %rsp,%rbp` (48 89 e5) near the entry sets up a frame pointer.
+    framed = sum(b"\x48\x89\xe5" in elf.read_vaddr(f.value, min(f.size, 32)) for f in sample)
+    share = framed / len(sample)
+    verdict = "yes" if share >= FP_PRESENT else "no" if share <= FP_ABSENT else "partial"
+    return FramePointers(verdict, f"{share:.0%} of {len(sample)} function prologues set up %rbp")
+
+
+def _libc_of(pid: int | None) -> Path | None:
+    maps = Path(f"/proc/{pid}/maps") if pid else Path("/proc/self/maps")
+    try:
+        text = maps.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if re.search(r"/libc(\.so\.6|-[\d.]+\.so)$", path):
+            return Path(path)
+    return None
+
+
+def check_frame_pointers(pid: int | None) -> list[Check]:
+    checks: list[Check] = []
+    if pid is not None:
+        try:
+            process = open_process(pid)
+        except ProbesError as e:
+            return [Check("frame pointers", WARN, f"{e}", "kvprof doctor -p PID   (a process you may trace)")]
+        exe, label = process.image, f"{Path(process.exe).name} (PID {pid})"
+    elif KVCACHED.is_file():
+        exe, label = KVCACHED, "kvcached"
+    else:
+        exe, label = None, ""
+    if exe is None:
+        checks.append(Check("frame pointers", INFO, "no target: give -p PID (kvcached is not built yet)"))
+    else:
+        fp = frame_pointers(exe)
+        if fp.verdict == "yes":
+            checks.append(Check("frame pointers", OK, f"{label}: present ({fp.evidence})"))
+        elif fp.verdict == "unknown":
+            checks.append(Check("frame pointers", INFO, f"{label}: cannot tell ({fp.evidence})"))
+        else:
+            checks.append(
+                Check(
+                    "frame pointers",
+                    WARN,
+                    f"{label}: {'missing' if fp.verdict == 'no' else 'only in part'} ({fp.evidence}): "
+                    "user stacks will be cut short",
+                    "rebuild it with CFLAGS += -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer, "
+                    "or: kvprof record --backend perf -p PID (DWARF unwinding)",
+                )
+            )
+    libc = _libc_of(pid)
+    if libc is not None:
+        fp = frame_pointers(libc)
+        if fp.verdict == "yes":
+            checks.append(Check("frame pointers", OK, f"{libc}: present ({fp.evidence})"))
+        elif fp.verdict != "unknown":
+            checks.append(
+                Check(
+                    "frame pointers",
+                    WARN,
+                    f"{libc}: none ({fp.evidence}), as Debian builds glibc: user stacks taken inside "
+                    "libc stop there (e.g. at __lll_lock_wait); kvcached fires its lock probes from "
+                    "its own code, so those call sites are kept",
+                    "kvprof record --backend perf -p PID   (DWARF unwinding through libc)",
+                )
+            )
+    return checks
+
+
+# ---- all of it ----------------------------------------------------------------------
+
+
+def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = True) -> list[Check]:
+    host = host or Host()
+    checks = [
+        check_kernel(host),
+        check_privileges(host),
+        check_bpf(host),
+        check_tracefs(host),
+        check_kprobes(host),
+        check_uprobes(host),
+        check_btf(host),
+        check_headers(host),
+    ]
+    if bcc:
+        checks.append(check_bcc())
+    checks.append(check_pmu())
+    checks.extend(check_frame_pointers(pid))
+    return checks
+
+
+def exit_status(checks: list[Check]) -> int:
+    return 1 if any(c.fatal for c in checks) else 0
+
+
+def to_json(checks: list[Check]) -> str:
+    return json.dumps(
+        {
+            "checks": [asdict(c) for c in checks],
+            "fatal": [c.name for c in checks if c.fatal],
+            "exit_status": exit_status(checks),
+        },
+        indent=2,
+    )

@@ -1,0 +1,174 @@
+"""What happened between two cumulative snapshots of one session.
+
+`delta(new, old)` is a Profile holding only what was counted after `old`
+was taken: the session uses it to start the recording window once every
+collector is attached (collectors attach one after another, a second or so
+each), and the live views use it for per-interval numbers. Counts subtract;
+maxima cannot, so the newer maximum is kept; means are recomputed from
+sums.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from kvprof.model.profile import (
+    CacheLineStat,
+    CpuStack,
+    FutexWait,
+    LineThread,
+    LockStack,
+    LockStat,
+    OffCpu,
+    Profile,
+    RequestStat,
+    ThreadInfo,
+    ThreadWaits,
+)
+
+
+def _minus(new: list[int], old: list[int]) -> list[int]:
+    return [n - (old[i] if i < len(old) else 0) for i, n in enumerate(new)]
+
+
+def _hist_quantile(hist: list[int], q: float) -> int:
+    total = sum(hist)
+    if total == 0:
+        return 0
+    rank, seen = max(1, round(q * total)), 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= rank:
+            return (2 << i) - 1
+    return 0
+
+
+def _threads(new: dict[str, ThreadInfo], old: dict[str, ThreadInfo]) -> dict[str, ThreadInfo]:
+    out = {}
+    for tid, t in new.items():
+        o = old.get(tid, ThreadInfo())
+        sockets = {s: n - o.sockets.get(s, 0) for s, n in t.sockets.items() if n - o.sockets.get(s, 0)}
+        out[tid] = replace(
+            t,
+            cpu_samples=t.cpu_samples - o.cpu_samples,
+            sockets=sockets,
+            offcpu_ns=t.offcpu_ns - o.offcpu_ns,
+            lock_wait_ns=t.lock_wait_ns - o.lock_wait_ns,
+        )
+    return out
+
+
+def _oncpu(new: list[CpuStack], old: list[CpuStack]) -> list[CpuStack]:
+    before = {(s.tid, tuple(s.frames)): s.count for s in old}
+    out = [replace(s, count=s.count - before.get((s.tid, tuple(s.frames)), 0)) for s in new]
+    return [s for s in out if s.count > 0]
+
+
+def _offcpu(new: OffCpu, old: OffCpu) -> OffCpu:
+    ns = {(s.tid, tuple(s.frames)): s.ns for s in old.stacks}
+    fx = {(f.tid, f.uaddr, tuple(f.frames)): f for f in old.futex}
+    stacks = [replace(s, ns=s.ns - ns.get((s.tid, tuple(s.frames)), 0)) for s in new.stacks]
+    futex: list[FutexWait] = []
+    for f in new.futex:
+        o = fx.get((f.tid, f.uaddr, tuple(f.frames)))
+        d = replace(f, waits=f.waits - (o.waits if o else 0), ns=f.ns - (o.ns if o else 0))
+        if d.waits > 0 or d.ns > 0:
+            futex.append(d)
+    return OffCpu(stacks=[s for s in stacks if s.ns > 0], futex=futex)
+
+
+def _locks(new: list[LockStat], old: list[LockStat]) -> list[LockStat]:
+    before = {lk.name: lk for lk in old}
+    out = []
+    for lk in new:
+        o = before.get(lk.name)
+        if o is None:
+            out.append(copy.deepcopy(lk))
+            continue
+        by_thread = {}
+        for tid, w in lk.by_thread.items():
+            ow = o.by_thread.get(tid, ThreadWaits())
+            if w.waits - ow.waits:
+                by_thread[tid] = ThreadWaits(w.waits - ow.waits, w.wait_ns - ow.wait_ns)
+        ostacks = {tuple(s.frames): s for s in o.stacks}
+        stacks = []
+        for s in lk.stacks:
+            os_ = ostacks.get(tuple(s.frames), LockStack([], 0, 0))
+            if s.waits - os_.waits:
+                stacks.append(LockStack(s.frames, s.waits - os_.waits, s.wait_ns - os_.wait_ns))
+        out.append(
+            replace(
+                lk,
+                waits=lk.waits - o.waits,
+                wait_ns=lk.wait_ns - o.wait_ns,
+                hist_log2_ns=_minus(lk.hist_log2_ns, o.hist_log2_ns),
+                by_thread=by_thread,
+                stacks=stacks,
+            )
+        )
+    return out
+
+
+def _cachelines(new: list[CacheLineStat], old: list[CacheLineStat]) -> list[CacheLineStat]:
+    before = {(c.site, c.line): c for c in old}
+    out = []
+    for c in new:
+        o = before.get((c.site, c.line))
+        if o is None:
+            out.append(copy.deepcopy(c))
+            continue
+        samples = c.samples - o.samples
+        if samples <= 0:
+            continue
+        cycles = c.cycles_mean * c.samples - o.cycles_mean * o.samples
+        by_thread = {}
+        for tid, t in c.by_thread.items():
+            ot = o.by_thread.get(tid, LineThread())
+            n = t.samples - ot.samples
+            if n > 0:
+                mean = (t.cycles_mean * t.samples - ot.cycles_mean * ot.samples) / n
+                by_thread[tid] = LineThread(n, t.transfers - ot.transfers, mean)
+        matrix = [_minus(row, o.socket_matrix[i] if i < len(o.socket_matrix) else []) for i, row in
+                  enumerate(c.socket_matrix)]  # fmt: skip
+        out.append(
+            replace(
+                c,
+                samples=samples,
+                transfers=c.transfers - o.transfers,
+                cross_socket_transfers=c.cross_socket_transfers - o.cross_socket_transfers,
+                cycles_mean=cycles / samples,
+                hist_log2_cycles=_minus(c.hist_log2_cycles, o.hist_log2_cycles),
+                socket_matrix=matrix,
+                by_thread=by_thread,
+            )
+        )
+    return out
+
+
+def _requests(new: dict[str, RequestStat], old: dict[str, RequestStat]) -> dict[str, RequestStat]:
+    out = {}
+    for op, r in new.items():
+        o = old.get(op, RequestStat())
+        hist = _minus(r.hist_log2_ns, o.hist_log2_ns)
+        if r.count - o.count > 0:
+            out[op] = RequestStat(
+                r.count - o.count, hist, _hist_quantile(hist, 0.5), _hist_quantile(hist, 0.99)
+            )
+    return out
+
+
+def delta(new: Profile, old: Profile) -> Profile:
+    """`new` minus `old`: both cumulative snapshots of the same session, `old` first."""
+    counters = {k: v - old.status.counters.get(k, 0) for k, v in new.status.counters.items()}
+    return replace(
+        new,
+        threads=_threads(new.threads, old.threads),
+        oncpu=_oncpu(new.oncpu, old.oncpu),
+        offcpu=_offcpu(new.offcpu, old.offcpu),
+        locks=_locks(new.locks, old.locks),
+        cachelines=_cachelines(new.cachelines, old.cachelines),
+        requests=_requests(new.requests, old.requests),
+        status=replace(new.status, counters=counters),
+        findings=[],
+    )

@@ -1,0 +1,307 @@
+"""The generic collectors (oncpu, offcpu) with real BPF on real processes.
+
+A small C program with known behaviour (tests/programs/contend.c: one thread
+spinning in `spin_hot_function`, two threads fighting over one mutex) pins
+what the collectors must find in any program; kvcached under kvload pins
+them on the server they were built for. Every test detaches and then checks
+that nothing of ours stays loaded: no BPF program, map or perf event fd in
+this process, and every program id we loaded gone from the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvprof.collect import CollectOptions
+from kvprof.model.profile import Profile, Target
+from kvprof.model.topology import parse_cpulist
+from kvprof.target import REPO, Server, die_with_parent, kvload_binary
+
+pytestmark = pytest.mark.bpf
+
+PROGRAM = REPO / "tests" / "programs" / "contend.c"
+HZ = 99
+
+
+# ---- the test program ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def contend_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/programs/contend.c built with frame pointers into a tmp dir."""
+    out = tmp_path_factory.mktemp("programs") / "contend"
+    subprocess.run(
+        ["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(out), str(PROGRAM)],
+        check=True,
+        timeout=60,
+    )
+    return out
+
+
+@pytest.fixture
+def contend(contend_binary: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Start the contend program (runs until its stdin closes); every one is stopped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(contend_binary), "60"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=die_with_parent,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        return proc
+
+    yield start
+    for proc in started:
+        stop_contend(proc)
+
+
+def stop_contend(proc: subprocess.Popen[bytes]) -> None:
+    """Close its stdin (it exits on EOF); kill it if it does not."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def online_cpus() -> list[int]:
+    return parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """tid -> comm of a running process."""
+    task = Path(f"/proc/{pid}/task")
+    return {int(t.name): (t / "comm").read_text().strip() for t in task.iterdir()}
+
+
+# ---- what we hold in the kernel -------------------------------------------
+
+
+def our_bpf_fds() -> dict[int, str]:
+    """fd -> kind (bpf-prog, bpf-map, perf_event, ...) of this process's BPF and perf fds."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("anon_inode:") and ("bpf" in link or "perf_event" in link):
+            out[int(fd)] = link.removeprefix("anon_inode:").strip("[]")
+    return out
+
+
+def prog_ids(fds: dict[int, str]) -> set[int]:
+    """The kernel ids of the BPF programs behind these fds."""
+    ids = set()
+    for fd, kind in fds.items():
+        if kind == "bpf-prog":
+            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+    return ids
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_BPF = 321  # x86_64
+_BPF_PROG_GET_FD_BY_ID = 13
+
+
+def prog_loaded(prog_id: int) -> bool:
+    """True while the kernel still has a BPF program with this id."""
+    attr = (ctypes.c_uint32 * 4)(prog_id, 0, 0, 0)
+    fd = _libc.syscall(_SYS_BPF, _BPF_PROG_GET_FD_BY_ID, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return False
+
+
+def assert_nothing_left(before: dict[int, str], loaded: set[int]) -> None:
+    """No BPF/perf fd beyond those held before, and every program we loaded unloaded."""
+    left = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
+    assert not left, f"fds still open after close(): {left}"
+    deadline = time.monotonic() + 5.0
+    while any(prog_loaded(i) for i in loaded) and time.monotonic() < deadline:
+        time.sleep(0.05)  # programs are freed after an RCU grace period
+    assert not [i for i in loaded if prog_loaded(i)], "BPF programs still loaded after close()"
+
+
+@contextlib.contextmanager
+def collecting(pid: int, hz: int = HZ) -> Iterator[tuple[list[Any], set[int]]]:
+    """oncpu and offcpu attached to pid; yields them and the program ids they
+    loaded; always closes them and checks nothing of ours is left."""
+    from kvprof.collect.offcpu import OffCpuCollector
+    from kvprof.collect.oncpu import OnCpuCollector
+
+    before = our_bpf_fds()
+    opts = CollectOptions(hz=hz)
+    collectors: list[Any] = [OnCpuCollector(pid, opts), OffCpuCollector(pid, opts)]
+    loaded: set[int] = set()
+    try:
+        for c in collectors:
+            assert c.applies() is None
+            c.start()
+        loaded = prog_ids({fd: k for fd, k in our_bpf_fds().items() if fd not in before})
+        assert loaded, "no BPF program fd found while attached"
+        yield collectors, loaded
+    finally:
+        for c in collectors:
+            c.close()
+    assert_nothing_left(before, loaded)
+
+
+def snapshot(pid: int, collectors: list[Any]) -> Profile:
+    profile = Profile(Target(pid))
+    for c in collectors:
+        c.contribute(profile)
+    return profile
+
+
+def self_samples(profile: Profile, tids: set[int] | None = None) -> Counter[str]:
+    """Samples by leaf frame (the function that was running)."""
+    out: Counter[str] = Counter()
+    for s in profile.oncpu:
+        if s.frames and (tids is None or s.tid in tids):
+            out[s.frames[-1]] += s.count
+    return out
+
+
+# ---- the tests -------------------------------------------------------------
+
+
+def test_hot_function_and_mutex_waits(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
+    """On the contend program: spin_hot_function leads the on-CPU samples, and
+    futex waits are counted for both mutex threads and none for the hot one."""
+    proc = contend()
+    names = thread_names(proc.pid)
+    by_name = {n: t for t, n in names.items()}
+    with collecting(proc.pid) as (collectors, _):
+        time.sleep(3.0)
+        profile = snapshot(proc.pid, collectors)
+
+    top = self_samples(profile).most_common(3)
+    assert top and top[0][0] == "spin_hot_function", top
+    assert {s.tid for s in profile.oncpu} <= set(names), "samples from outside the target"
+    hot = profile.threads[str(by_name["hot"])]
+    assert hot.name == "hot" and hot.cpu_samples > 0
+    assert hot.stack_quality is not None and hot.stack_quality < 0.5
+    assert any(s.frames[-3:] == ["start_thread", "hot_main", "spin_hot_function"] for s in profile.oncpu)
+    assert profile.status.counters["oncpu.samples"] >= sum(s.count for s in profile.oncpu) > 0
+    assert profile.status.counters["oncpu.stack_errors"] == 0
+    assert profile.status.counters["oncpu.map_full"] == 0
+
+    waits: Counter[int] = Counter()
+    wait_ns: Counter[int] = Counter()
+    for f in profile.offcpu.futex:
+        waits[f.tid] += f.waits
+        wait_ns[f.tid] += f.ns
+    for name in ("mutex-a", "mutex-b"):
+        tid = by_name[name]
+        assert waits[tid] > 0 and wait_ns[tid] > 0, (name, dict(waits))
+        assert profile.threads[str(tid)].offcpu_ns > 0
+    assert waits[by_name["hot"]] == 0
+    # Both mutex threads wait on the same futex word: the one mutex.
+    words = {f.uaddr for f in profile.offcpu.futex if f.tid in (by_name["mutex-a"], by_name["mutex-b"])}
+    assert len(words) == 1, words
+    # The counter is read after the map, while the program still counts.
+    assert profile.status.counters["offcpu.futex_waits"] >= sum(waits.values())
+
+
+def run_kvload(server: Server, seconds: float) -> dict[str, Any]:
+    """Batched multi-gets from 4 connections for `seconds`; kvload's JSON summary."""
+    argv = [
+        str(kvload_binary()), "--server", server.address, "--num-threads", "2", "--connections", "2",
+        "--batch-size", "32", "--set-pct", "0", "--num-items", "2000", "--min-size", "64",
+        "--max-size", "256", "--duration", str(seconds), "--json", "--quiet",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_kvcached_workers_sampled(kvcached_factory: Callable[..., Server]) -> None:
+    """On kvcached -t 2 under kvload: both kv-worker threads have samples, named
+    from comm, with kvcached's own functions in their stacks, on socket 0."""
+    server = kvcached_factory("-t", "2")
+    with collecting(server.pid) as (collectors, _):
+        load = run_kvload(server, 3.0)
+        profile = snapshot(server.pid, collectors)
+    assert load["ops"] > 0 and load["errors"] == 0
+
+    workers = {name: info for info in profile.threads.values() if (name := info.name).startswith("kv-worker")}
+    assert set(workers) == {"kv-worker-0", "kv-worker-1"}, {t: i.name for t, i in profile.threads.items()}
+    for name, info in workers.items():
+        assert info.cpu_samples > 0, name
+        assert info.stack_quality is not None and 0.0 <= info.stack_quality <= 1.0
+        assert sum(info.sockets.values()) == info.cpu_samples
+    frames = {f for s in profile.oncpu for f in s.frames}
+    assert frames & {"process_commands", "items_get", "worker_main"}, sorted(frames)[:50]
+    assert any(f.endswith("_[k]") for f in frames), "no kernel frames"
+    topology = CollectOptions().topology
+    if topology.sockets == [0]:
+        assert all(set(i.sockets) <= {"0"} for i in profile.threads.values())
+    # Workers sleep in epoll_wait between batches: off-CPU time is measured for them.
+    assert all(profile.threads[t].offcpu_ns > 0 for t, i in profile.threads.items() if i.name in workers)
+
+
+def test_close_detaches_and_target_keeps_serving(kvcached_factory: Callable[..., Server]) -> None:
+    """close() leaves no perf event, BPF fd or program behind (one cpu-clock
+    event per CPU while attached), and kvcached keeps serving."""
+    server = kvcached_factory("-t", "2")
+    before = our_bpf_fds()
+    with collecting(server.pid) as (collectors, loaded):
+        perf = [fd for fd, kind in our_bpf_fds().items() if fd not in before and kind == "perf_event"]
+        # One cpu-clock event per online CPU, plus one per tracepoint (BCC
+        # attaches tracepoints through perf events too).
+        assert len(perf) == len(online_cpus()) + 3, perf
+        assert len(loaded) == 4, loaded  # on_sample, sched_switch, futex enter and exit
+        run_kvload(server, 1.0)
+        profile = snapshot(server.pid, collectors)
+        collectors[0].close()
+        collectors[0].close()  # idempotent
+    assert profile.status.counters["oncpu.samples"] > 0
+    assert server.alive()
+    assert int(server.stats()["curr_items"]) == 2000
+    assert run_kvload(server, 1.0)["hits"] > 0
+
+
+def test_target_exits_mid_run(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
+    """When the target exits while attached, contribute() still returns what
+    was counted (names and symbols included) and close() works."""
+    proc = contend()
+    by_name = {n: t for t, n in thread_names(proc.pid).items()}
+    with collecting(proc.pid) as (collectors, _):
+        time.sleep(2.0)
+        stop_contend(proc)
+        assert proc.returncode == 0
+        profile = snapshot(proc.pid, collectors)
+        for c in collectors:
+            c.close()
+        after = snapshot(proc.pid, collectors)
+    for p in (profile, after):
+        assert p.threads[str(by_name["hot"])].cpu_samples > 0
+        assert p.threads[str(by_name["hot"])].name == "hot"
+        assert self_samples(p).most_common(1)[0][0] == "spin_hot_function"
+        assert sum(f.waits for f in p.offcpu.futex if f.tid == by_name["mutex-a"]) > 0
+    assert after.oncpu == profile.oncpu and after.offcpu == profile.offcpu

@@ -1,0 +1,265 @@
+"""`kvprof record` end to end: a real kvcached under kvload, real BPF, the profile file.
+
+Each test starts kvcached and kvload (bounded by --duration), runs `kvprof
+record` as a user would (a subprocess of the installed console script), and
+checks the profile, the target afterwards, and that nothing stayed attached.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_probes import semaphores
+
+from kvprof.model.profile import Profile
+from kvprof.target import Server, kvload_binary, start_kvcached
+
+KVPROF = [sys.executable, "-m", "kvprof.cli"]
+# the study's shape with some sets and zipf keys; small batches keep both workers
+# meeting on the shared sites
+LOAD = ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
+
+
+@contextmanager
+def load(server: Server, seconds: float, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [
+            str(kvload_binary()),
+            f"--server={server.address}",
+            f"--duration={seconds}",
+            "--quiet",
+            *LOAD,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_nothing_attached(server: Server) -> None:
+    """Every kvs semaphore of a surviving target is back to 0 (BCC raises them while attached)."""
+    if server.alive():
+        raised = {k: v for k, v in semaphores(server).items() if v}
+        assert not raised, f"semaphores still raised: {raised}"
+
+
+def pin_workers(server: Server) -> None:
+    """kv-worker-N on CPU N (mod the CPUs there are): a per-thread line then stays on its
+    CPU, so what the fixed design still shows is not the scheduler moving threads around."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for tid in os.listdir(f"/proc/{server.pid}/task"):
+        name = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
+        if name.startswith("kv-worker-"):
+            os.sched_setaffinity(int(tid), {cpus[int(name.rsplit("-", 1)[1]) % len(cpus)]})
+
+
+def by_name(threads: dict[str, Any], profile: Profile) -> dict[str, Any]:
+    return {profile.threads[tid].name if tid in profile.threads else tid: v for tid, v in threads.items()}
+
+
+@pytest.mark.bpf
+def test_baseline_profile_names_the_contention(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Baseline under load: topkeys waits and the four counter sites, per thread, matching `stats locks`."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    out = tmp_path / "base.json.gz"
+    with load(server, 60) as kv:
+        time.sleep(0.5)
+        r = record(server.pid, out, "-d", "4")
+        kv.send_signal(signal.SIGTERM)
+    assert r.returncode == 0, r.stderr
+    p = Profile.load(out)
+    assert p.target.kvs_probes and p.target.pid == server.pid
+    assert {"oncpu", "offcpu", "locks", "cachelines", "requests"} <= set(p.collectors)
+
+    topkeys = next(lk for lk in p.locks if lk.name == "topkeys")
+    waits = by_name({t: w.waits for t, w in topkeys.by_thread.items()}, p)
+    assert waits.get("kv-worker-0", 0) > 0 and waits.get("kv-worker-1", 0) > 0, waits
+
+    # ground truth: the server's own counters over the same window
+    before, after = p.server_stats["before.locks"], p.server_stats["after.locks"]
+    server_waits = int(after["topkeys:contended"]) - int(before["topkeys:contended"])
+    server_ns = int(after["topkeys:wait_ns"]) - int(before["topkeys:wait_ns"])
+    assert abs(topkeys.waits - server_waits) <= 0.1 * server_waits, (topkeys.waits, server_waits)
+    assert abs(topkeys.wait_ns - server_ns) <= 0.1 * server_ns, (topkeys.wait_ns, server_ns)
+
+    sites = {c.site for c in p.cachelines if c.transfers > 0}
+    assert {"collect_timings", "on_create_item", "account_memory"} <= sites, sites
+    for line in p.cachelines:
+        if line.site == "account_memory":
+            assert len(line.by_thread) == 2  # both workers write the one shared line
+
+    named = {f.where for f in p.findings}
+    assert "update_topkeys" in named or "topkeys" in named, named
+    assert {"on_create_item", "collect_timings", "account_memory"} & named, named
+    finding = next(f for f in p.findings if f.where in ("update_topkeys", "topkeys"))
+    assert len(finding.per_thread) == 2
+    assert_nothing_attached(server)
+    assert server.stats()["curr_items"]  # still serving
+
+    report = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0 and "update_topkeys" in report.stdout
+
+
+@pytest.mark.bpf
+def test_fixed_preset_has_no_critical_finding(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Fixed under the same load: no critical finding, no topkeys waits, far fewer transfers."""
+    rates = {}
+    for preset in ("baseline", "fixed"):
+        server = kvcached_factory("-t", "2", "--preset", preset)
+        pin_workers(server)
+        out = tmp_path / f"{preset}.json"
+        with load(server, 60) as kv:
+            time.sleep(0.5)
+            r = record(server.pid, out, "-d", "4", "--collectors", "locks,cachelines")
+            kv.send_signal(signal.SIGTERM)
+        assert r.returncode == 0, r.stderr
+        p = Profile.load(out)
+        per_site: dict[str, list[int]] = {}
+        for c in p.cachelines:  # a site may update several lines (collect_timings: one per bucket)
+            t = per_site.setdefault(c.site, [0, 0])
+            t[0] += c.transfers
+            t[1] += c.samples
+        rates[preset] = {site: transfers / max(1, samples) for site, (transfers, samples) in per_site.items()}
+        if preset == "fixed":
+            assert not [f.title for f in p.findings if f.severity == "critical"]
+            assert all(lk.waits == 0 for lk in p.locks if lk.name == "topkeys")
+        server.stop()
+    for site, base in rates["baseline"].items():
+        if base > 0.01:
+            assert rates["fixed"].get(site, 0) * 10 <= base, (site, rates)
+
+
+@pytest.mark.bpf
+def test_sigint_detaches_and_the_target_keeps_serving(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Ctrl-C mid-recording: a profile is written, nothing stays attached, kvload --verify stays clean."""
+    server = kvcached_factory("-t", "2")
+    out = tmp_path / "int.json"
+    with load(server, 12, "--verify", "--min-size=64") as kv:
+        time.sleep(0.5)
+        rec = subprocess.Popen(
+            [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(semaphores(server).values()):
+            time.sleep(0.2)  # attached once the semaphores go up
+        time.sleep(1.5)
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
+        kv.communicate(timeout=60)
+    assert kv.returncode == 0  # kvload exits 1 on any verify mismatch or error
+    p = Profile.load(out)
+    assert any("stopped early" in w for w in p.status.warnings)
+    assert_nothing_attached(server)
+    assert server.alive() and server.stats()["pid"] == str(server.pid)
+
+
+@pytest.mark.bpf
+def test_target_killed_mid_run_gives_a_partial_profile(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The target dies while recording: record ends by itself with what it collected, marked partial."""
+    server = start_kvcached(["-t", "2"])  # not the fixture: it would fail on the SIGKILL exit status
+    out = tmp_path / "dead.json"
+    with load(server, 30):
+        rec = subprocess.Popen(
+            [
+                *KVPROF,
+                "record",
+                "-p",
+                str(server.pid),
+                "-o",
+                str(out),
+                "-d",
+                "60",
+                "--collectors",
+                "oncpu,locks",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(semaphores(server).values()):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(server.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        _, err = rec.communicate(timeout=60)
+    server.stop()
+    server.log_path.unlink(missing_ok=True)
+    assert rec.returncode == 0, err
+    p = Profile.load(out)
+    assert p.status.partial and "exited" in p.status.reason
+    assert sum(s.count for s in p.oncpu) > 0
+
+
+def test_bad_pids_get_one_line(tmp_path: Path) -> None:
+    """A PID that does not exist, or a kernel thread: one line, exit 2, no traceback."""
+    for pid in ("999999999", "2"):
+        r = subprocess.run(
+            [*KVPROF, "record", "-p", pid, "-d", "1", "-o", str(tmp_path / "x.json")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("kvprof record: ")
+
+
+def test_non_root_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """As an ordinary user: one line saying it needs root, exit 2."""
+    if os.geteuid() != 0:
+        argv = [*KVPROF, "record", "-p", str(os.getpid()), "-d", "1"]
+    else:
+        argv = [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            *KVPROF,
+            "record",
+            "-p",
+            "1",
+            "-d",
+            "1",
+        ]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "root" in r.stderr
