@@ -19,13 +19,15 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-from kvprof.target import Server, start_kvcached, start_memcached
+from kvprof.target import Server, die_with_parent, start_kvcached, start_memcached
 
 SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
 
@@ -364,3 +366,55 @@ def assert_rss_bounded() -> Callable[[Server, float], None]:
         assert rss <= limit_mb + slack, f"{server.name} VmRSS {rss:.1f} MB > {limit_mb} + {slack} MB"
 
     return check
+
+
+# ---- a known C workload without kvs probes (tests/programs/contend.c) ----------
+
+CONTEND_SOURCE = Path(__file__).parent / "programs" / "contend.c"
+
+
+@pytest.fixture(scope="session")
+def contend_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/programs/contend.c built with frame pointers into a tmp dir."""
+    out = tmp_path_factory.mktemp("programs") / "contend"
+    subprocess.run(
+        ["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(out), str(CONTEND_SOURCE)],
+        check=True,
+        timeout=60,
+    )
+    return out
+
+
+@pytest.fixture
+def contend(contend_binary: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Start the contend program (runs until its stdin closes); every one is stopped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(contend_binary), "60"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=die_with_parent,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        return proc
+
+    yield start
+    for proc in started:
+        stop_contend(proc)
+
+
+def stop_contend(proc: subprocess.Popen[bytes]) -> None:
+    """Close its stdin (it exits on EOF); kill it if it does not."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

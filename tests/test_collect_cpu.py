@@ -22,66 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import stop_contend
 
 from kvprof.collect import CollectOptions
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import parse_cpulist
-from kvprof.target import REPO, Server, die_with_parent, kvload_binary
+from kvprof.target import Server, kvload_binary
 
 pytestmark = pytest.mark.bpf
 
-PROGRAM = REPO / "tests" / "programs" / "contend.c"
 HZ = 99
 
 
 # ---- the test program ----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def contend_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/programs/contend.c built with frame pointers into a tmp dir."""
-    out = tmp_path_factory.mktemp("programs") / "contend"
-    subprocess.run(
-        ["cc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(out), str(PROGRAM)],
-        check=True,
-        timeout=60,
-    )
-    return out
-
-
-@pytest.fixture
-def contend(contend_binary: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    """Start the contend program (runs until its stdin closes); every one is stopped at teardown."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [str(contend_binary), "60"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            preexec_fn=die_with_parent,
-        )
-        started.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n"
-        return proc
-
-    yield start
-    for proc in started:
-        stop_contend(proc)
-
-
-def stop_contend(proc: subprocess.Popen[bytes]) -> None:
-    """Close its stdin (it exits on EOF); kill it if it does not."""
-    if proc.stdin is not None and not proc.stdin.closed:
-        proc.stdin.close()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def online_cpus() -> list[int]:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -263,3 +264,26 @@ def test_non_root_is_refused_with_the_fix(tmp_path: Path) -> None:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/", env=env)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "root" in r.stderr
+
+
+@pytest.mark.bpf
+def test_program_without_kvs_probes(contend: Callable[[], subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """A program without kvs probes: its hot function first, futex waits per thread, and the
+    report says which collectors did not apply and why."""
+    proc = contend()
+    out = tmp_path / "contend.json"
+    r = record(proc.pid, out, "-d", "3")
+    assert r.returncode == 0, r.stderr
+    p = Profile.load(out)
+    assert not p.target.kvs_probes
+    for name in ("locks", "cachelines", "requests"):
+        assert p.status.collectors[name].startswith("not applicable"), p.status.collectors
+    self_samples: Counter[str] = Counter()
+    for s in p.oncpu:
+        self_samples[s.frames[-1]] += s.count
+    assert self_samples.most_common(1)[0][0] == "spin_hot_function", self_samples.most_common(3)
+    names = {p.threads[str(f.tid)].name for f in p.offcpu.futex if f.waits and str(f.tid) in p.threads}
+    assert {"mutex-a", "mutex-b"} <= names, names
+    report = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0
+    assert "not applicable" in report.stdout or "did not apply" in report.stdout, report.stdout[:2000]
