@@ -24,6 +24,8 @@ class RecordOptions:
     hz: int = 99
     collectors: tuple[str, ...] = ()
     backend: str = "bpf"
+    stack_storage: int = 16384
+    max_entries: int = 10240
     interval: float = 1.0
     quiet: bool = False
 
@@ -44,11 +46,11 @@ def _summary_of(p: Profile) -> str:
     samples = sum(s.count for s in p.oncpu)
     waits = sum(lk.waits for lk in p.locks)
     transfers = sum(c.transfers for c in p.cachelines)
-    parts = [f"{samples:,} CPU samples"]
+    parts = [f"{samples:,} samples"]
     if "locks" in p.collectors:
         parts.append(f"{waits:,} lock waits")
     if "cachelines" in p.collectors:
-        parts.append(f"{transfers:,} line transfers")
+        parts.append(f"{transfers:,} transfers")
     if "offcpu" in p.collectors:
         parts.append(f"{len(p.offcpu.futex):,} futex sites")
     return ", ".join(parts)
@@ -117,7 +119,8 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         perf_profile.save(out)
         return perf_profile, out
     try:
-        session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, CollectOptions(hz=opts.hz))
+        collect = CollectOptions(hz=opts.hz, stack_storage=opts.stack_storage, max_entries=opts.max_entries)
+        session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, collect)
     except TargetGone as e:
         raise RecordError(str(e)) from None
     except PermissionError:

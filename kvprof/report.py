@@ -259,7 +259,10 @@ def warnings_of(profile: Profile) -> list[str]:
         suffix = key.rsplit(".", 1)[-1]
         for word, advice in COUNTER_ADVICE.items():
             if suffix == word or suffix.endswith(word):
-                out.append(f"{key} = {value:,}: {advice}")
+                collector = key.split(".", 1)[0]
+                said = any(w.startswith(f"{collector}:") and advice.split()[-1] in w for w in st.warnings)
+                if not said:  # the collector's own warning already names the flag
+                    out.append(f"{key} = {value:,}: {advice}")
                 break
     for w in st.warnings:
         if w not in out:

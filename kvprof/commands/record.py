@@ -58,6 +58,19 @@ def _hz(text: str) -> int:
     return value
 
 
+def _hz_like(flag: str, lo: int, hi: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{flag} must be {lo}..{hi}: {text!r}")
+        return value
+
+    return parse
+
+
 def add_parser(commands: Any) -> None:
     p = commands.add_parser(
         "record",
@@ -78,6 +91,20 @@ def add_parser(commands: Any) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="profile file (.json or .json.gz)")
     p.add_argument("--hz", type=_hz, default=99, help="on-CPU sampling rate (default: 99)")
     p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
+    p.add_argument(
+        "--stack-storage",
+        type=_hz_like("--stack-storage", 1024, 1 << 20),
+        default=16384,
+        metavar="N",
+        help="stack ids per stack map (default: 16384; raise it when the report says stack ids were lost)",
+    )
+    p.add_argument(
+        "--max-entries",
+        type=_hz_like("--max-entries", 1024, 1 << 22),
+        default=10240,
+        metavar="N",
+        help="entries per aggregation map (default: 10240; raise it when a map was full)",
+    )
     p.add_argument(
         "--backend",
         choices=("bpf", "perf"),
@@ -100,6 +127,8 @@ def _run(args: argparse.Namespace) -> int:
             hz=args.hz,
             collectors=args.collectors,
             backend=args.backend,
+            stack_storage=args.stack_storage,
+            max_entries=args.max_entries,
             quiet=args.quiet,
         )
     )
