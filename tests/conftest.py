@@ -418,3 +418,13 @@ def stop_contend(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def pin_workers(server: Server) -> None:
+    """kv-worker-N on CPU N (mod the CPUs there are): a per-thread line then stays on its
+    CPU, so what the fixed design still shows is not the scheduler moving threads around."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for tid in os.listdir(f"/proc/{server.pid}/task"):
+        name = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
+        if name.startswith("kv-worker-"):
+            os.sched_setaffinity(int(tid), {cpus[int(name.rsplit("-", 1)[1]) % len(cpus)]})

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import pin_workers
 from test_probes import assert_detached, worker_tids
 
 from kvprof.collect import CollectOptions
@@ -189,6 +190,7 @@ def test_fake_two_sockets_and_fixed_preset(kvcached_factory: Callable[..., Serve
     rates: dict[str, dict[str, float]] = {}
     for preset in ("baseline", "fixed"):
         server = kvcached_factory("--preset", preset, "-t", "2")
+        pin_workers(server)  # what fixed still shows is then not the scheduler moving threads
         kvload(server, "--populate-only", "--num-items", str(ITEMS))
         collector = CachelinesCollector(server.pid, CollectOptions(topology=topo))
         try:

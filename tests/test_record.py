@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import pin_workers
 from test_probes import semaphores
 
 from kvprof.model.profile import Profile
@@ -68,16 +69,6 @@ def assert_nothing_attached(server: Server) -> None:
     if server.alive():
         raised = {k: v for k, v in semaphores(server).items() if v}
         assert not raised, f"semaphores still raised: {raised}"
-
-
-def pin_workers(server: Server) -> None:
-    """kv-worker-N on CPU N (mod the CPUs there are): a per-thread line then stays on its
-    CPU, so what the fixed design still shows is not the scheduler moving threads around."""
-    cpus = sorted(os.sched_getaffinity(0))
-    for tid in os.listdir(f"/proc/{server.pid}/task"):
-        name = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
-        if name.startswith("kv-worker-"):
-            os.sched_setaffinity(int(tid), {cpus[int(name.rsplit("-", 1)[1]) % len(cpus)]})
 
 
 def by_name(threads: dict[str, Any], profile: Profile) -> dict[str, Any]:

@@ -1,0 +1,444 @@
+"""`kvprof bench`: the statistics and verdicts on exact numbers, the pyperf JSON
+round trip, `--compare`, the topology-driven CPU choice of the atomics
+scenario, and short real runs end to end (shape only: never a timed verdict)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyperf
+import pytest
+
+from kvprof.bench import atomics, results, scenarios, stats, table
+from kvprof.bench.runner import RunResult, VariantRuns, parse_memcaslap
+from kvprof.bench.variants import ClientConfig, Variant, parse_server
+from kvprof.model.topology import Topology
+
+KVPROF = [sys.executable, "-m", "kvprof"]
+
+
+def _fits(lines: list[str]) -> bool:
+    """Every line but those that name a file fits in 80 columns."""
+    return all(len(line) <= 80 for line in lines if not line.startswith(("wrote ", "old: ", "new: ")))
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_median_and_cv_exact() -> None:
+    """Median is the middle value; CV is the sample stdev over the mean, 0 for one sample."""
+    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert stats.median([1.0, 2.0, 3.0, 10.0]) == 2.5
+    assert stats.cv([90.0, 100.0, 110.0]) == pytest.approx(0.1)
+    assert stats.cv([5.0]) == 0.0
+    with pytest.raises(ValueError):
+        stats.median([])
+
+
+def test_t_critical_follows_pyperfs_table() -> None:
+    """The 95 % critical values are pyperf's table, stepping down to 1.96 for large df."""
+    assert stats.t_critical_95(1) == 12.706
+    assert stats.t_critical_95(4) == 2.776
+    assert stats.t_critical_95(8) == 2.306
+    assert stats.t_critical_95(30) == 2.042
+    assert stats.t_critical_95(35) == 2.042
+    assert stats.t_critical_95(45) == 2.021
+    assert stats.t_critical_95(500) == 1.960
+
+
+def test_t_test_exact_and_equal_to_pyperf() -> None:
+    """t = (m1 - m2) / sqrt(pooled variance * (1/n1 + 1/n2)), the same answer as pyperf's."""
+    from pyperf._utils import is_significant  # private, but the reference we promise to match
+
+    t = stats.t_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert t is not None
+    assert t.df == 4
+    assert t.t == pytest.approx(-3 / math.sqrt(2 / 3))
+    assert t.significant
+    near = stats.t_test([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+    assert near is not None and not near.significant
+    for a, b in (
+        ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]),
+        ([1.0, 2.0, 3.0], [1.5, 2.5, 3.5]),
+        ([10, 11], [12, 14]),
+    ):
+        ours = stats.t_test(a, b)
+        assert ours is not None
+        assert (ours.significant, ours.t) == pytest.approx(is_significant(a, b))
+
+
+def test_t_test_edge_cases() -> None:
+    """Fewer than 2 samples cannot be tested; samples without spread differ iff their means do."""
+    assert stats.t_test([1.0], [2.0, 3.0]) is None
+    same = stats.t_test([2.0, 2.0], [2.0, 2.0])
+    assert same is not None and not same.significant
+    apart = stats.t_test([2.0, 2.0], [3.0, 3.0])
+    assert apart is not None and apart.significant and apart.t == -math.inf
+
+
+def test_verdict_rules() -> None:
+    """UNSTABLE above 10 % CV; otherwise IMPROVEMENT/REGRESSION strictly beyond max(3 %, larger CV)."""
+    assert stats.verdict(0.50, 0.11, 0.01) == stats.UNSTABLE
+    assert stats.verdict(0.50, 0.01, 0.101) == stats.UNSTABLE
+    assert stats.verdict(0.05, 0.01, 0.01) == stats.IMPROVEMENT
+    assert stats.verdict(-0.05, 0.01, 0.01) == stats.REGRESSION
+    assert stats.verdict(0.02, 0.01, 0.01) == stats.NO_CHANGE
+    assert stats.verdict(0.03, 0.0, 0.0) == stats.NO_CHANGE  # at the waterline is not beyond it
+    assert stats.verdict(0.06, 0.07, 0.01) == stats.NO_CHANGE  # the larger CV raises the waterline
+    assert stats.verdict(0.08, 0.01, 0.07) == stats.IMPROVEMENT
+    assert stats.verdict(-0.10, 0.10, 0.10) == stats.NO_CHANGE  # CV of exactly 10 % is still judged
+    assert stats.waterline(0.01, 0.02) == 0.03
+    assert stats.waterline(0.05, 0.02) == 0.05
+
+
+def test_paired_ratios() -> None:
+    """Run i of a variant is paired with run i of the reference: drift between rounds cancels."""
+    assert stats.paired_ratios([100.0, 200.0, 50.0], [110.0, 220.0, 55.0]) == pytest.approx([1.1, 1.1, 1.1])
+    assert stats.paired_ratios([100.0, 200.0], [110.0]) == []
+
+
+def test_compare_on_ops_samples() -> None:
+    """compare() takes ops/s samples: ratio of medians, CVs, significance on 1/ops, verdict."""
+    c = stats.compare([100.0, 101.0, 99.0], [120.0, 121.0, 119.0])
+    assert c.ratio == pytest.approx(1.2)
+    assert c.base_cv == pytest.approx(0.01)
+    assert c.significant is True
+    assert c.verdict == stats.IMPROVEMENT
+    worse = stats.compare([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    assert worse.verdict == stats.REGRESSION and worse.ratio == pytest.approx(0.9)
+    noisy = stats.compare([100.0, 130.0, 80.0], [120.0, 121.0, 119.0])
+    assert noisy.verdict == stats.UNSTABLE
+    same = stats.compare([100.0, 101.0, 99.0], [100.5, 101.5, 99.5])
+    assert same.verdict == stats.NO_CHANGE and same.significant is False
+
+
+# ---------------------------------------------------------------- variants and scenarios
+
+
+def test_server_specs() -> None:
+    """Specs name a preset plus flipped sites, or memcached; bad ones say what is wrong."""
+    assert parse_server("baseline", 2).args() == ["--preset", "baseline", "-t", "2"]
+    mid = parse_server("baseline+topkeys", 1)
+    assert mid.args() == ["--preset", "baseline", "--topkeys", "per-thread", "-t", "1"]
+    assert mid.site_modes()["topkeys"] == "per-thread" and mid.site_modes()["timings"] == "shared"
+    assert parse_server("fixed+item-counter", 4).args() == [
+        "--preset",
+        "fixed",
+        "--item-counter",
+        "shared",
+        "-t",
+        "4",
+    ]
+    assert parse_server("memcached", 2).args() == ["-t", "2"]
+    for bad in ("nope", "baseline+locks", "baseline+topkeys+topkeys", "memcached+topkeys"):
+        with pytest.raises(ValueError):
+            parse_server(bad, 2)
+
+
+def test_study_plan() -> None:
+    """The study: 3 steps per worker count, 2 connections per worker, baseline first in each group."""
+    assert scenarios.study_workers(1) == [1, 2]
+    assert scenarios.study_workers(2) == [1, 2]
+    assert scenarios.study_workers(6) == [1, 2, 4, 6]
+    assert scenarios.study_workers(8) == [1, 2, 4, 8]
+    assert scenarios.study_client(1, ncpu=2).label == "1x2 b100"
+    assert scenarios.study_client(2, ncpu=2).label == "2x2 b100"
+    assert scenarios.study_client(2, ncpu=1).label == "1x4 b100"
+    assert scenarios.study_client(8, ncpu=2).label == "2x8 b100"
+    plan = scenarios.build("study", None, scenarios.Overrides(workers=(1, 2)))
+    labels = [scenarios.study_client(w).label for w in (1, 2)]
+    assert [g.title for g in plan.groups] == [
+        f"1 worker, kvload {labels[0]}",
+        f"2 workers, kvload {labels[1]}",
+    ]
+    assert [v.name for v in plan.groups[1].variants] == ["baseline t=2", "baseline+topkeys t=2", "fixed t=2"]
+    client = plan.groups[1].variants[0].client
+    assert (client.set_pct, client.batch, client.value_size) == (0, 100, 32)
+    assert client.total_connections >= 2
+    assert len(plan.servers()) == 6
+
+
+def test_other_plans() -> None:
+    """--against memcached puts memcached first; loadgen pairs memcaslap and kvload on one server."""
+    mc = scenarios.build("study", "memcached", scenarios.Overrides())
+    assert mc.scenario == "memcached" and mc.target == 1.0
+    assert [v.name for v in mc.variants] == ["memcached t=2", "fixed t=2"]
+    lg = scenarios.build("loadgen", None, scenarios.Overrides())
+    assert [[v.client.tool for v in g.variants] for g in lg.groups] == [["memcaslap", "kvload"]] * 2
+    assert len(lg.servers()) == 1
+    o = scenarios.Overrides(servers=("fixed",), workers=(2,), client_threads=(1,), connections=(2, 4))
+    matrix = scenarios.build("study", None, o)
+    assert [v.name for v in matrix.variants] == ["fixed t=2 1x2 b100", "fixed t=2 1x4 b100"]
+    assert [g.title for g in matrix.groups] == ["fixed, 2 workers"]
+    with pytest.raises(ValueError):
+        scenarios.build("loadgen", None, scenarios.Overrides(batch=(10,)))
+    with pytest.raises(ValueError):
+        scenarios.build("loadgen", "memcached", scenarios.Overrides())
+
+
+def test_cli_scenarios_match() -> None:
+    """The CLI's literal scenario list is the bench package's."""
+    from kvprof.commands import bench
+
+    assert bench.SCENARIOS == scenarios.SCENARIOS
+
+
+def test_parse_memcaslap() -> None:
+    """memcaslap's TPS and counts come from its final summary."""
+    out = (
+        "cmd_get: 139449\ncmd_set: 15508\nget_misses: 0\nwritten_bytes: 7593030\n\n"
+        "Run time: 3.0s Ops: 154957 TPS: 51616 Net_rate: 9.2M/s\n"
+    )
+    parsed = parse_memcaslap(out)
+    assert parsed == {
+        "duration_s": 3.0,
+        "ops": 154957.0,
+        "tps": 51616.0,
+        "cmd_get": 139449.0,
+        "cmd_set": 15508.0,
+        "get_misses": 0.0,
+    }
+
+
+# ---------------------------------------------------------------- atomics topology
+
+
+def _fake_sysfs(root: Path, sockets: int, cores: int, smt: int) -> None:
+    """A sysfs tree: CPU numbers go socket by socket, SMT siblings last (as Linux numbers them)."""
+    n = 0
+    for _ in range(smt):
+        for socket in range(sockets):
+            for core in range(cores):
+                topo = root / "devices" / "system" / "cpu" / f"cpu{n}" / "topology"
+                topo.mkdir(parents=True)
+                (topo / "core_id").write_text(f"{core}\n")
+                (topo / "physical_package_id").write_text(f"{socket}\n")
+                n += 1
+
+
+def test_atomics_placement_two_sockets(tmp_path: Path) -> None:
+    """Same-socket fills distinct cores of socket 0 first; cross-socket alternates sockets."""
+    _fake_sysfs(tmp_path, sockets=2, cores=2, smt=2)  # cpu0-1 s0, cpu2-3 s1, cpu4-5 s0 SMT, cpu6-7 s1 SMT
+    cpus = atomics.usable_cpus(Topology.read(tmp_path))
+    assert atomics.placement(cpus, 2, atomics.SAME) == [0, 1]
+    assert atomics.placement(cpus, 3, atomics.SAME) == [0, 1, 4]
+    assert atomics.placement(cpus, 2, atomics.CROSS) == [0, 2]
+    configs = atomics.plan(cpus, [1, 2])
+    names = [c.name for c in configs]
+    assert names[:4] == ["local t=1", "padded t=1", "false-shared t=1", "shared t=1"]
+    assert "shared t=2 cross-socket" in names and "shared t=1 cross-socket" not in names
+    cross = next(c for c in configs if c.name == "shared t=2 cross-socket")
+    assert cross.cpus == (0, 2) and cross.nsockets == 2
+    assert atomics.usable_cpus(Topology.read(tmp_path), allowed={0, 1})[-1].cpu == 1
+
+
+def test_atomics_one_socket_has_no_cross_variant(tmp_path: Path) -> None:
+    """On one socket every configuration stays there; thread counts are 1..ncpu (then doublings)."""
+    _fake_sysfs(tmp_path, sockets=1, cores=2, smt=1)
+    cpus = atomics.usable_cpus(Topology.read(tmp_path))
+    assert all(c.where == atomics.SAME for c in atomics.plan(cpus, atomics.thread_counts(len(cpus))))
+    assert atomics.thread_counts(2) == [1, 2]
+    assert atomics.thread_counts(12) == [1, 2, 3, 4, 5, 6, 7, 8, 12]
+    assert atomics.thread_counts(16) == [1, 2, 3, 4, 5, 6, 7, 8, 16]
+
+
+# ---------------------------------------------------------------- pyperf JSON and --compare
+
+
+def _fake_results(ops: dict[str, list[float]], group: str = "2 workers") -> list[VariantRuns]:
+    """VariantRuns with the given ops/s per run, as the runner would return them."""
+    out = []
+    for name, samples in ops.items():
+        spec = name.split()[0]
+        v = Variant(name, group, parse_server(spec, 2), ClientConfig(connections=4))
+        runs = [
+            RunResult(
+                ops_per_sec=x,
+                duration_s=1.0,
+                ops=int(x),
+                gets=int(x),
+                sets=0,
+                hits=int(x),
+                misses=0,
+                latency_us={"p50": 100.0, "p99": 250.0, "p999": 400.0, "max": 900.0},
+                client_cpu_s=0.4,
+                server_cpu_s=1.5,
+                other_cpu_s=0.1,
+                load_avg_1min=0.5,
+                date="2025-01-01 00:00:00",
+                argv=("kvload", "--server", "127.0.0.1:1"),
+            )
+            for x in samples
+        ]
+        out.append(VariantRuns(v, ["kvcached", *v.server.args()], "1.6.0 kvcached-0.1.0", runs))
+    return out
+
+
+def _write(path: Path, ops: dict[str, list[float]]) -> Path:
+    results.write(results.to_suite("study", _fake_results(ops)), path)
+    return path
+
+
+def test_pyperf_round_trip(tmp_path: Path) -> None:
+    """Each variant is a Benchmark, each run a Run valued 1/ops in seconds, ops/s in the metadata."""
+    path = _write(tmp_path / "a.json", {"baseline t=2": [1000.0, 1010.0], "fixed t=2": [1500.0, 1490.0]})
+    suite = pyperf.BenchmarkSuite.load(str(path))
+    assert suite.get_benchmark_names() == ["baseline t=2", "fixed t=2"]
+    bench = suite.get_benchmark("fixed t=2")
+    assert bench.get_unit() == "second"
+    assert bench.get_values() == pytest.approx((1 / 1500.0, 1 / 1490.0))
+    meta = bench.get_runs()[0].get_metadata()
+    assert meta["ops_per_sec"] == 1500.0
+    assert meta["preset"] == "fixed" and meta["server_workers"] == 2
+    assert meta["latency_p99_us"] == 250.0 and meta["kvprof_group"] == "2 workers"
+    back = results.measured(suite)
+    assert back[0].ops == pytest.approx((1000.0, 1010.0))
+    assert back[1].p99_us == (250.0, 250.0) and back[1].client_cores == (0.4, 0.4)
+    assert back[1].server_ns_per_op == pytest.approx((1.5 / 1500 * 1e9, 1.5 / 1490 * 1e9))
+
+
+def test_pyperf_compare_to_reads_our_files(tmp_path: Path) -> None:
+    """`python -m pyperf compare_to` runs on two result files and calls more ops/s "faster"."""
+    old = _write(tmp_path / "old.json", {"fixed t=2": [1000.0, 1010.0, 990.0]})
+    new = _write(tmp_path / "new.json", {"fixed t=2": [1500.0, 1490.0, 1510.0]})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyperf", "compare_to", str(old), str(new)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "faster" in proc.stdout and "1.50x" in proc.stdout
+
+
+def test_compare_command(tmp_path: Path) -> None:
+    """--compare matches variants by name and gives ratio, significance and verdict per variant."""
+    old = _write(
+        tmp_path / "old.json", {"baseline t=2": [1000.0, 1010.0, 990.0], "fixed+topkeys t=2": [5.0, 5.0]}
+    )
+    new = _write(
+        tmp_path / "new.json", {"baseline t=2": [1200.0, 1210.0, 1190.0], "fixed t=2": [2000.0, 2000.0]}
+    )
+    proc = subprocess.run([*KVPROF, "bench", "--compare", str(old), str(new)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    row = next(line for line in lines if "baseline t=2" in line)
+    assert row.split() == ["baseline", "t=2", "1,000", "1,200", "1.0/0.8", "1.200", "yes", "IMPROVEMENT"]
+    assert any(line.startswith("only in") and "fixed+topkeys t=2" in line for line in lines)
+    assert any(line.startswith("only in") and "fixed t=2" in line for line in lines)
+    assert _fits(lines)
+
+
+def test_table_fits_80_columns() -> None:
+    """The bench table: a heading per group, the reference first, every line within 80 columns."""
+    measured = [
+        results.Measured(
+            "baseline+topkeys+timings t=16 16x32 b1000",
+            "16 workers",
+            (1e7, 1.1e7),
+            server_ns_per_op=(700, 710),
+        ),
+        results.Measured("fixed t=16", "16 workers", (2e7, 2.05e7), server_ns_per_op=(400, 420)),
+    ]
+    lines = table.render_bench(measured)
+    assert lines[0].split() == ["variant", "ops/s", "CV", "%", "ratio", "cpu", "ns/op", "sig", "verdict"]
+    assert lines[1] == "16 workers"
+    assert lines[2].endswith("1.000       705       reference")
+    assert lines[2].startswith("  baseline+topkeys+timings…")
+    assert lines[3].split() == ["fixed", "t=16", "20,250,000", "1.7", "1.929", "410", "yes", "IMPROVEMENT"]
+    assert _fits(lines)
+
+
+# ---------------------------------------------------------------- real runs, end to end
+
+
+def _started_pids(stderr: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"^started \S+ .*: PID (\d+) on", stderr, re.MULTILINE)]
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_bench_end_to_end(tmp_path: Path) -> None:
+    """A real 2-variant run: progress per run, the table, pyperf JSON; every server stopped."""
+    out = tmp_path / "e2e.json"
+    argv = ["bench", "-t", "1", "--variants", "baseline,fixed", "--runs", "2", "-d", "0.5", "--warmup", "0"]
+    proc = subprocess.run([*KVPROF, *argv, "-o", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^\[run 2/2\] fixed t=1: [\d,]+ ops/s$", proc.stderr, re.MULTILINE), proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "kvprof bench study: 2 runs x 0.5 s per variant, interleaved"
+    assert "1 worker, kvload 1x2 b100" in lines
+    base = next(line for line in lines if line.startswith("  baseline t=1"))
+    fixed = next(line for line in lines if line.startswith("  fixed t=1"))
+    assert base.endswith("reference")
+    assert fixed.split()[-1] in ("IMPROVEMENT", "REGRESSION", "UNSTABLE", "change")
+    assert _fits(lines)
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    assert suite.get_benchmark_names() == ["baseline t=1", "fixed t=1"]
+    for bench in suite.get_benchmarks():
+        assert bench.get_nrun() == 2
+        meta = bench.get_runs()[0].get_metadata()
+        assert meta["ops_per_sec"] > 0 and meta["misses"] == 0 and meta["server"] == "kvcached"
+        assert bench.get_values()[0] == pytest.approx(1 / meta["ops_per_sec"])
+    pids = _started_pids(proc.stderr)
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+def test_bench_ctrl_c_stops_servers_and_keeps_complete_runs(tmp_path: Path) -> None:
+    """SIGINT mid-run: every server stopped by PID, exit 130, the complete runs written."""
+    out = tmp_path / "partial.json"
+    argv = ["bench", "-t", "1", "--variants", "baseline,fixed", "--runs", "50", "-d", "0.3", "--warmup", "0"]
+    proc = subprocess.Popen(
+        [*KVPROF, *argv, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("[run 2/50] fixed"):
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=30)
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    pids = _started_pids(stderr)
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    assert [b.get_nrun() for b in suite.get_benchmarks()] in ([2, 2], [3, 3])
+    assert "fixed t=1" in stdout
+
+
+def test_atomics_end_to_end(tmp_path: Path) -> None:
+    """The counter experiment runs every mode pinned and reports ratios; JSON is pyperf's."""
+    out = tmp_path / "atomics.json"
+    argv = ["bench", "--scenario", "atomics", "-t", "1,2", "--runs", "2", "-d", "0.1", "-o", str(out)]
+    proc = subprocess.run([*KVPROF, *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    rows = [
+        line.split() for line in lines if re.match(r"\s+[12]\s+(local|padded|false-shared|shared)\s", line)
+    ]
+    assert [(r[0], r[1]) for r in rows] == [
+        (t, m) for t in ("1", "2") for m in ("local", "padded", "false-shared", "shared")
+    ]
+    assert all(r[-2] == "1.000" for r in rows if r[1] == "local")
+    assert any(line.startswith("shared vs padded: 1 thread") for line in lines)
+    assert _fits(lines)
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    assert len(suite.get_benchmarks()) == 8
+    meta = suite.get_benchmark("shared t=2").get_runs()[0].get_metadata()
+    assert meta["mode"] == "shared" and meta["threads"] == 2 and json.dumps(meta)
