@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvprof import __version__
+from kvprof.commands import number
 
 DESCRIPTION = """\
 kvprof finds where a multi-threaded cache server loses its throughput: the hot
@@ -36,26 +37,6 @@ examples:
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
 COMMANDS: tuple[str, ...] = ("record", "report", "doctor", "probes")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "-d",
         "--duration",
-        type=_positive_float,
+        type=number(float, above=0),
         metavar="SEC",
         help="stop after SEC seconds (default: run until Ctrl-C)",
     )
@@ -96,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "-t",
         "--threads",
-        type=_positive_int,
+        type=number(int, lo=1),
         default=2,
         metavar="N",
         help="kvcached worker threads (default: %(default)s)",
@@ -104,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "-i",
         "--interval",
-        type=_positive_float,
+        type=number(float, above=0),
         default=1.0,
         metavar="SEC",
         help="seconds between lines (default: %(default)s)",

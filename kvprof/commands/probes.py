@@ -9,6 +9,8 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
+from kvprof.commands import number
+
 EXAMPLES = """\
 examples:
   kvprof probes -p 1234          # probes, semaphore state, hits/s over 1 s
@@ -22,16 +24,6 @@ lowers it again when done.
 """
 
 WIDTH = 80
-
-
-def _duration(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600: {text!r}")
-    return value
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,7 +42,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "-d",
         "--duration",
-        type=_duration,
+        type=number(float, 0, 3600),
         default=1.0,
         metavar="SEC",
         help="seconds to count hits for; 0 lists without attaching (default: %(default)s)",

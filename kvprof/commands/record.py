@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvprof.commands import number
+
 EXAMPLES = """\
 examples:
   kvprof record -p 1234                 # 10 s, every collector, kvprof-1234.json.gz
@@ -38,39 +40,6 @@ def _collectors(text: str) -> tuple[str, ...]:
     return names
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
-
-
-def _hz(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a rate: {text!r}") from None
-    if not 1 <= value <= 10000:
-        raise argparse.ArgumentTypeError(f"must be 1..10000 Hz: {text!r}")
-    return value
-
-
-def _hz_like(flag: str, lo: int, hi: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{flag} must be {lo}..{hi}: {text!r}")
-        return value
-
-    return parse
-
-
 def add_parser(commands: Any) -> None:
     p = commands.add_parser(
         "record",
@@ -86,21 +55,26 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("-p", "--pid", type=_pid, required=True, help="the process to profile")
     p.add_argument(
-        "-d", "--duration", type=_seconds, default=10.0, metavar="SEC", help="seconds (default: 10)"
+        "-d",
+        "--duration",
+        type=number(float, above=0),
+        default=10.0,
+        metavar="SEC",
+        help="seconds (default: 10)",
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="profile file (.json or .json.gz)")
-    p.add_argument("--hz", type=_hz, default=99, help="on-CPU sampling rate (default: 99)")
+    p.add_argument("--hz", type=number(int, 1, 10000), default=99, help="on-CPU sampling rate (default: 99)")
     p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
     p.add_argument(
         "--stack-storage",
-        type=_hz_like("--stack-storage", 1024, 1 << 20),
+        type=number(int, 1024, 1 << 20),
         default=16384,
         metavar="N",
         help="stack ids per stack map (default: 16384; raise it when the report says stack ids were lost)",
     )
     p.add_argument(
         "--max-entries",
-        type=_hz_like("--max-entries", 1024, 1 << 22),
+        type=number(int, 1024, 1 << 22),
         default=10240,
         metavar="N",
         help="entries per aggregation map (default: 10240; raise it when a map was full)",

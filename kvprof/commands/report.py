@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from kvprof.commands import number
 from kvprof.model.profile import Profile, ProfileError
 
 EXAMPLES = """\
@@ -14,16 +15,6 @@ examples:
   kvprof report kvcached.prof.gz --top 30  # longer tables
   kvprof report kvcached.prof.gz --json | jq '.findings[] | {severity, title}'
 """
-
-
-def _top(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,7 +33,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="print findings and tables as one JSON object")
-    p.add_argument("--top", type=_top, default=15, metavar="N", help="rows per table (default: %(default)s)")
+    p.add_argument(
+        "--top", type=number(int, lo=1), default=15, metavar="N", help="rows per table (default: %(default)s)"
+    )
     p.set_defaults(run=run)
 
 
