@@ -36,7 +36,7 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ("record", "report", "doctor", "probes")
+COMMANDS: tuple[str, ...] = ("record", "report", "bench", "doctor", "probes")
 
 
 def build_parser() -> argparse.ArgumentParser:

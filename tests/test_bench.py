@@ -18,7 +18,8 @@ import pyperf
 import pytest
 
 from kvprof.bench import atomics, results, scenarios, stats, table
-from kvprof.bench.runner import RunResult, VariantRuns, parse_memcaslap
+from kvprof.bench.loadgen import parse_memcaslap
+from kvprof.bench.runner import RunResult, VariantRuns
 from kvprof.bench.variants import ClientConfig, Variant, parse_server
 from kvprof.model.topology import Topology
 
@@ -250,6 +251,25 @@ def test_atomics_one_socket_has_no_cross_variant(tmp_path: Path) -> None:
     assert atomics.thread_counts(16) == [1, 2, 3, 4, 5, 6, 7, 8, 16]
 
 
+def test_atomics_table_two_sockets(tmp_path: Path) -> None:
+    """The atomics table: ratios to local and padded per placement, a cross-socket line, 80 columns."""
+    _fake_sysfs(tmp_path, sockets=2, cores=2, smt=1)
+    configs = atomics.plan(atomics.usable_cpus(Topology.read(tmp_path)), [1, 2])
+    speed = {"local": 1000e6, "padded": 400e6, "false-shared": 100e6, "shared": 80e6}
+    done = [
+        atomics.ConfigRuns(c, [speed[c.mode] / (2 if c.where == atomics.CROSS else 1)] * 2, [{}, {}])
+        for c in configs
+    ]
+    lines = table.render_atomics(done, multi_socket=True)
+    row = next(line.split() for line in lines if line.split()[:2] == ["2", "shared"] and "0,1" in line)
+    assert row == ["2", "shared", "0,1", "1", "80.0", "25.00", "0.0", "0.080", "0.200"]
+    cross = next(line.split() for line in lines if line.split()[:3] == ["2", "shared", "0,2"])
+    assert cross[3] == "2" and cross[-2:] == ["0.080", "0.200"]
+    assert "shared vs padded: 1 thread 0.20x, 2 threads 0.20x" in lines
+    assert any(line.startswith("cross-socket vs same-socket: local t=2 0.50x") for line in lines)
+    assert _fits(lines)
+
+
 # ---------------------------------------------------------------- pyperf JSON and --compare
 
 
@@ -272,6 +292,7 @@ def _fake_results(ops: dict[str, list[float]], group: str = "2 workers") -> list
                 client_cpu_s=0.4,
                 server_cpu_s=1.5,
                 other_cpu_s=0.1,
+                steal_s=0.0,
                 load_avg_1min=0.5,
                 date="2025-01-01 00:00:00",
                 argv=("kvload", "--server", "127.0.0.1:1"),
@@ -358,7 +379,8 @@ def test_table_fits_80_columns() -> None:
 
 
 def _started_pids(stderr: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"^started \S+ .*: PID (\d+) on", stderr, re.MULTILINE)]
+    started = re.findall(r"^started (?:kv|mem)cached .*: PID (\d+) on", stderr, re.MULTILINE)
+    return [int(pid) for pid in started]
 
 
 def _gone(pid: int, timeout: float = 5.0) -> bool:

@@ -153,7 +153,9 @@ int main(int argc, char **argv)
         pthread_join(w[i].tid, NULL);
         total += w[i].ops;
     }
-    double ops_s = (double)total / secs, ns_op = secs * 1e9 * threads / (double)total;
+    /* a thread that got no CPU at all in the window (a busy machine) counts
+     * 0: report it rather than dividing by zero (inf is not JSON) */
+    double ops_s = (double)total / secs, ns_op = total ? secs * 1e9 * threads / (double)total : 0.0;
     char cpulist[512] = "";
     for (int i = 0; i < threads && ncpus; i++) {
         size_t len = strlen(cpulist);

@@ -1,0 +1,308 @@
+"""Run a plan: every server up front, populated once, then interleaved rounds.
+
+Run 1 runs every variant once (A B C), run 2 again (A B C), and so on, so
+that whatever else the machine is doing hits every variant alike. Servers are
+started through `kvprof.target` on free loopback ports and stopped by PID at
+the end, also on Ctrl-C, SIGTERM and errors. Each load-generator run is a
+child process; its CPU time (from the kernel's accounting of reaped children)
+and the server's (from /proc) are kept with the result, so a reader can check
+that the client was not the bottleneck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from kvprof.bench import BenchError
+from kvprof.bench.loadgen import (
+    kvload_argv,
+    kvload_binary,
+    kvload_counts,
+    kvload_populate_argv,
+    memcaslap_argv,
+    memcaslap_config,
+    memcaslap_counts,
+    tail,
+)
+from kvprof.bench.machine import children_cpu_s, cpu_times, process_cpu_s, wait_idle
+from kvprof.bench.variants import KVLOAD, MEMCACHED, MEMCASLAP, Plan, ServerConfig, Variant
+from kvprof.target import Server, TargetError, start_kvcached, start_memcached
+
+RUN_SLACK_S = 30.0  # a run that outlives its duration by this much is stopped and reported
+# --wait-idle: a run during which other processes, or the hypervisor's other
+# guests (steal time), took more than NOISE_MAX_CORES is run again, up to
+# REDO_MAX times (then kept; its `other_cpu_s` and `steal_s` say why it is off).
+NOISE_MAX_CORES = 0.15
+REDO_MAX = 3
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM; `results` holds the complete rounds run so far."""
+
+    def __init__(self, results: list[VariantRuns]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One load-generator run against one variant."""
+
+    ops_per_sec: float
+    duration_s: float
+    ops: int
+    gets: int
+    sets: int
+    hits: int
+    misses: int
+    latency_us: dict[str, float]  # p50, p99, p999, max; empty when the tool gives none
+    client_cpu_s: float  # user + system CPU of the load generator
+    server_cpu_s: float  # user + system CPU of the server during the run
+    other_cpu_s: float  # CPU everything else on the machine used meanwhile: noise
+    steal_s: float  # CPU time the hypervisor gave other guests meanwhile: noise too
+    load_avg_1min: float  # /proc/loadavg when the run started
+    date: str  # ISO 8601, when the run started
+    argv: tuple[str, ...]
+    redone: int = 0  # --wait-idle: times this run was repeated because the machine was busy
+
+    @property
+    def noise_cores(self) -> float:
+        """Cores' worth of CPU that other processes and other guests took during the run."""
+        return (self.other_cpu_s + self.steal_s) / self.duration_s if self.duration_s > 0 else 0.0
+
+
+@dataclass
+class VariantRuns:
+    """Everything measured for one variant."""
+
+    variant: Variant
+    server_argv: list[str]
+    server_version: str
+    runs: list[RunResult] = field(default_factory=list)
+    warmup: RunResult | None = None
+
+
+def _die_with_parent() -> None:
+    # In the child: a killed bench must not leave a load generator running.
+    os.setsid()  # and a Ctrl-C meant for the bench is the bench's to handle
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the bench the way Ctrl-C does."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in old:
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+class Bench:
+    """Owns a plan's servers; `run()` does the rounds. Use as a context manager."""
+
+    def __init__(self, plan: Plan, progress: TextIO) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.servers: dict[ServerConfig, Server] = {}
+        self.failed = False
+        tools = {v.client.tool for v in plan.variants}
+        self.kvload = kvload_binary() if KVLOAD in tools else None
+        self.memcaslap = shutil.which("memcaslap") if MEMCASLAP in tools else None
+        if MEMCASLAP in tools and self.memcaslap is None:
+            raise BenchError("memcaslap not found (package libmemcached-tools): run scripts/provision.sh")
+        self.workdir = Path(tempfile.mkdtemp(prefix="kvprof-bench-"))  # memcaslap's config files
+
+    def say(self, line: str) -> None:
+        print(line, file=self.progress, flush=True)
+
+    # servers
+
+    def start(self) -> None:
+        """Start every distinct server, then populate each once for its kvload variants."""
+        for config in self.plan.servers():
+            try:
+                if config.kind == MEMCACHED:
+                    server = start_memcached(config.args())
+                else:
+                    server = start_kvcached(config.args())
+            except TargetError as e:
+                raise BenchError(f"cannot start {config.kind} {' '.join(config.args())}: {e}") from None
+            self.servers[config] = server
+            name = config.kind if config.kind == MEMCACHED else f"{config.kind} {config.label}"
+            self.say(f"started {name} -t {config.workers}: PID {server.pid} on {server.address}")
+        populated: set[tuple[ServerConfig, int, int]] = set()
+        for v in self.plan.variants:
+            key = (v.server, v.client.num_items, v.client.value_size)
+            if v.client.tool != KVLOAD or key in populated:
+                continue
+            self._populate(v)
+            populated.add(key)
+
+    def _populate(self, v: Variant) -> None:
+        assert self.kvload is not None
+        server = self.servers[v.server]
+        argv = kvload_populate_argv(self.kvload, server.address, v.client)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=_die_with_parent)
+        if proc.returncode != 0:
+            raise BenchError(
+                f"populating {server.name} on {server.address} failed (kvload status {proc.returncode}):\n"
+                + tail(proc.stderr + proc.stdout)
+            )
+
+    def stop(self) -> None:
+        """Stop every server by PID; keep the logs of any that failed."""
+        for config, server in self.servers.items():
+            status = server.stop()
+            if status not in (0, -signal.SIGTERM) or self.failed:
+                if status not in (0, -signal.SIGTERM):
+                    self.say(f"{config.kind} PID {server.pid} exited with status {status}")
+                self.say(f"  its log: {server.log_path}")
+            else:
+                server.log_path.unlink(missing_ok=True)
+        self.servers.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None and not issubclass(exc_type, KeyboardInterrupt | Interrupted):
+            self.failed = True
+        self.stop()
+
+    # runs
+
+    def run_once(self, v: Variant, duration: float) -> RunResult:
+        """One timed load-generator run against variant `v`'s server."""
+        server = self.servers[v.server]
+        if not server.alive():
+            self.failed = True
+            raise BenchError(
+                f"{server.name} for {v.name} exited with status {server.proc.returncode}:\n"
+                + tail(server.log())
+            )
+        if v.client.tool == KVLOAD:
+            assert self.kvload is not None
+            argv = kvload_argv(self.kvload, server.address, v.client, duration)
+        else:
+            assert self.memcaslap is not None
+            config = self.workdir / f"memcaslap-{abs(hash(v.client))}.cfg"
+            if not config.exists():
+                config.write_text(memcaslap_config(v.client))
+            argv = memcaslap_argv(self.memcaslap, server.address, v.client, config, duration)
+        date = datetime.datetime.now().isoformat(" ", "seconds")
+        load = os.getloadavg()[0]
+        machine0, server_cpu0, client_cpu0 = cpu_times(), process_cpu_s(server.pid), children_cpu_s()
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=duration + RUN_SLACK_S,
+                preexec_fn=_die_with_parent,
+            )
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{v.client.tool} against {v.name} did not finish in {duration:g} s") from None
+        client_cpu = children_cpu_s() - client_cpu0
+        server_cpu = process_cpu_s(server.pid) - server_cpu0 if server.alive() else math.nan
+        machine1 = cpu_times()
+        other_cpu = max(0.0, machine1.busy - machine0.busy - client_cpu - server_cpu)
+        counts = kvload_counts(v, proc) if v.client.tool == KVLOAD else memcaslap_counts(v, proc)
+        return RunResult(
+            ops_per_sec=counts.ops_per_sec,
+            duration_s=counts.duration_s,
+            ops=counts.ops,
+            gets=counts.gets,
+            sets=counts.sets,
+            hits=counts.hits,
+            misses=counts.misses,
+            latency_us=counts.latency_us,
+            client_cpu_s=client_cpu,
+            server_cpu_s=server_cpu,
+            other_cpu_s=other_cpu,
+            steal_s=machine1.steal - machine0.steal,
+            load_avg_1min=load,
+            date=date,
+            argv=tuple(argv),
+        )
+
+    def wait_idle(self) -> float:
+        return wait_idle(self.say)
+
+    def run_quiet(self, v: Variant, duration: float, label: str) -> RunResult:
+        """run_once on an idle machine; again when other processes got busy during it."""
+        for redone in range(REDO_MAX + 1):
+            self.wait_idle()
+            result = replace(self.run_once(v, duration), redone=redone)
+            if result.noise_cores <= NOISE_MAX_CORES or redone == REDO_MAX:
+                return result
+            self.say(
+                f"{label} {v.name}: other processes or guests took {result.noise_cores:.2f} cores, again"
+            )
+        raise AssertionError("unreachable")
+
+    def run(self, runs: int, duration: float, warmup: float, wait_idle: bool = False) -> list[VariantRuns]:
+        """Start, populate, warm up, then `runs` interleaved rounds; Interrupted keeps complete rounds."""
+        results: list[VariantRuns] = []
+        with _sigterm_as_interrupt():
+            try:
+                self.start()
+                for v in self.plan.variants:
+                    server = self.servers[v.server]
+                    version = server.stats().get("version", "?")
+                    results.append(VariantRuns(v, list(server.argv), version))
+                if warmup > 0:
+                    for r in results:
+                        r.warmup = self.run_once(r.variant, warmup)
+                        self.say(f"[warm-up] {r.variant.name}: {r.warmup.ops_per_sec:,.0f} ops/s")
+                for n in range(1, runs + 1):
+                    label = f"[run {n}/{runs}]"
+                    for r in results:
+                        if wait_idle:
+                            r.runs.append(self.run_quiet(r.variant, duration, label))
+                        else:
+                            r.runs.append(self.run_once(r.variant, duration))
+                        self.say(f"{label} {r.variant.name}: {r.runs[-1].ops_per_sec:,.0f} ops/s")
+            except KeyboardInterrupt:
+                complete = min((len(r.runs) for r in results), default=0)
+                for r in results:  # a round cut short would favour the variants that ran in it
+                    del r.runs[complete:]
+                raise Interrupted(results) from None
+            except TargetError as e:
+                self.failed = True
+                raise BenchError(str(e)) from None
+        return results
+
+
+def run_plan(
+    plan: Plan, runs: int, duration: float, warmup: float, progress: TextIO, wait_idle: bool = False
+) -> list[VariantRuns]:
+    """Run a plan start to end; every server is stopped whatever happens."""
+    started = time.monotonic()
+    with Bench(plan, progress) as bench:
+        results = bench.run(runs, duration, warmup, wait_idle)
+    bench.say(f"done in {time.monotonic() - started:.0f} s")
+    return results

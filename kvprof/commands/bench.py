@@ -1,0 +1,184 @@
+"""`kvprof bench`: kvcached presets under kvload, interleaved, with statistics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+# kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
+# that building the parser imports nothing but the standard library.
+SCENARIOS = ("study", "loadgen", "atomics")
+
+EXAMPLES = """\
+examples:
+  kvprof bench                        # the study's 3 steps at 1, 2, ... workers
+  kvprof bench --against memcached    # kvcached fixed vs memcached, 2 workers
+  kvprof bench --scenario loadgen     # kvload vs memcaslap, same kvcached
+  kvprof bench --scenario atomics     # shared vs padded vs local counters
+  kvprof bench -t 2 --variants baseline,baseline+topkeys,fixed+item-counter,fixed
+  kvprof bench -t 2 --variants fixed --connections 2,4,8  # client settings
+  kvprof bench --runs 10 --duration 5 -o before.json
+  kvprof bench --compare before.json after.json
+  python -m pyperf compare_to before.json after.json   # same files
+"""
+
+DESCRIPTION = """\
+Start every variant's server (kvcached presets and per-site switches, or
+memcached) on free loopback ports, populate each once, then run kvload against
+them interleaved (A B C, A B C, ...) so machine drift hits all alike. Prints
+median ops/s, CV, the ratio to each group's first variant, a t-test and a
+verdict (UNSTABLE / IMPROVEMENT / REGRESSION / no change), and writes pyperf
+JSON (values are seconds per operation, so pyperf's "faster" is more ops/s).
+
+A variant spec is `baseline` or `fixed`, optionally with `+SITE` for each site
+flipped away from the preset (sites: topkeys, timings, item-counter,
+memory-counter), or `memcached`."""
+
+
+def _number(text: str, kind: type[int] | type[float], minimum: float) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum:g}: {text!r}")
+    return value
+
+
+def _runs(text: str) -> int:
+    value: int = _number(text, int, 2)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value: float = _number(text, float, 0.1)
+    return value
+
+
+def _warmup(text: str) -> float:
+    value: float = _number(text, float, 0)
+    return value
+
+
+def _count(text: str) -> int:
+    value: int = _number(text, int, 1)
+    return value
+
+
+def _percent(text: str) -> int:
+    value: int = _number(text, int, 0)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"must be 0..100: {text!r}")
+    return value
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    values = tuple(_count(part) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}")
+    return values
+
+
+def _specs(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected SPEC or SPEC,SPEC,...: {text!r}")
+    return values
+
+
+def add_parser(commands: Any) -> None:
+    p = commands.add_parser(
+        "bench",
+        help="benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--scenario", choices=SCENARIOS, default="study", help="what to run (default: study)")
+    p.add_argument(
+        "--against", choices=("memcached",), help="kvcached fixed vs memcached on the study's workload"
+    )
+    p.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="compare two result files, then exit"
+    )
+    p.add_argument("--runs", type=_runs, default=5, metavar="N", help="interleaved runs (default: 5, min 2)")
+    p.add_argument(
+        "-d",
+        "--duration",
+        type=_seconds,
+        metavar="SEC",
+        help="seconds per run (default: 5; atomics: 1)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=_warmup,
+        default=1.0,
+        metavar="SEC",
+        help="one unrecorded run per variant first (default: 1; 0: none)",
+    )
+    p.add_argument(
+        "--wait-idle",
+        action="store_true",
+        help="for shared machines: start each run when the machine is 90 %% idle, and "
+        "run it again (up to 3 times) when other processes used over 0.15 cores meanwhile",
+    )
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=_counts,
+        metavar="N,M",
+        help="server worker threads (default: 1,2 and more up to the CPU count; "
+        "--against memcached and loadgen: 2); atomics: thread counts",
+    )
+    p.add_argument("--variants", type=_specs, metavar="SPEC,...", help="server variants (see above)")
+    client = p.add_argument_group("kvload settings (comma lists make a matrix)")
+    client.add_argument("--client-threads", type=_counts, metavar="N,M", help="kvload threads")
+    client.add_argument(
+        "--connections",
+        type=_counts,
+        metavar="N,M",
+        help="connections per kvload thread (default: 2 per worker)",
+    )
+    client.add_argument("--batch-size", type=_counts, metavar="N,M", help="requests per batch (default: 100)")
+    client.add_argument("--num-items", type=_count, metavar="N", help="distinct keys (default: 10000)")
+    client.add_argument("--value-size", type=_count, metavar="BYTES", help="value size (default: 32)")
+    client.add_argument("--set-pct", type=_percent, metavar="P", help="percentage of sets (default: 0)")
+    client.add_argument("--key-dist", metavar="D", help="uniform (default) or zipf:S")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvprof.bench import command, scenarios
+
+    if args.compare:
+        others = [args.against, args.variants, args.threads, args.output]
+        if args.scenario != "study" or any(x is not None for x in others):
+            print("kvprof bench: --compare takes only the two files", file=sys.stderr)
+            return 2
+        old, new = args.compare
+        return command.compare(old, new)
+    overrides = scenarios.Overrides(
+        servers=args.variants,
+        workers=args.threads,
+        client_threads=args.client_threads,
+        connections=args.connections,
+        batch=args.batch_size,
+        num_items=args.num_items,
+        value_size=args.value_size,
+        set_pct=args.set_pct,
+        key_dist=args.key_dist,
+    )
+    options = command.Options(
+        scenario=args.scenario,
+        against=args.against,
+        runs=args.runs,
+        duration=args.duration,
+        warmup=args.warmup,
+        wait_idle=args.wait_idle,
+        output=args.output,
+        overrides=overrides,
+    )
+    return command.run(options)
