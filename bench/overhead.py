@@ -47,6 +47,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)
@@ -57,20 +58,22 @@ def main() -> int:
         populate = [str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD]
         subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
         print(f"kvcached PID {server.pid} (baseline, 2 workers); kvload {' '.join(LOAD)}")
-        print(f"{args.pairs} interleaved pairs of {args.seconds:g} s runs")
+        print(f"{args.pairs} interleaved pairs of {args.seconds:g} s runs; collectors: {args.collectors or 'all'}")
         print(f"{'pair':>4} {'without ops/s':>14} {'with record':>14} {'ratio':>7}")
         ratios, without, with_ = [], [], []
         for i in range(args.pairs):
             a = kvload(server.address, args.seconds)
             rec = subprocess.Popen(
                 [sys.executable, "-m", "kvprof.cli", "record", "-p", str(server.pid), "-d", "600", "-o",
-                 str(Path(tmp) / "overhead.json.gz"), "-q"],
+                 str(Path(tmp) / "overhead.json.gz"), "-q",
+                 *(["--collectors", args.collectors] if args.collectors else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
             )  # fmt: skip
             # attached once the oncpu program's perf events exist: wait for the
             # kvs semaphores (raised by the last collectors) to go up, then settle
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not _semaphores_up(server.pid):
+            kvs = not args.collectors or any(c in args.collectors for c in ("locks", "cachelines", "requests"))
+            deadline = time.monotonic() + (120 if kvs else 10)  # without kvs collectors: no semaphore to see
+            while time.monotonic() < deadline and not (kvs and _semaphores_up(server.pid)):
                 time.sleep(0.2)
             time.sleep(1.0)
             b = kvload(server.address, args.seconds)

@@ -141,11 +141,14 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
         session.start()
         before = server_stats(opts.pid) or before  # the window starts now
-        for snap in session.run(opts.duration, opts.interval):
-            profile = snap
-            if not opts.quiet:
-                total = "" if opts.duration is None else f"/{opts.duration:g}"
-                _progress(f"  {snap.window.duration_s:5.1f}{total} s  {_summary_of(snap)}")
+        total = "" if opts.duration is None else f"/{opts.duration:g}"
+        for snap in session.run(opts.duration, opts.interval, snapshots=False):
+            if snap is not None:  # the target died: this is the last of it
+                profile = snap
+            elif not opts.quiet:
+                _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
+        if profile is None:
+            profile = session.snapshot()
     except CollectError as e:
         raise RecordError(str(e)) from None
     except KeyboardInterrupt:

@@ -189,9 +189,14 @@ class Session:
             collector.contribute(profile)
         return profile
 
-    def run(self, duration: float | None, interval: float = 1.0) -> Iterator[Profile]:
+    def run(
+        self, duration: float | None, interval: float = 1.0, snapshots: bool = True
+    ) -> Iterator[Profile | None]:
         """A cumulative snapshot every `interval` seconds until `duration` (None: until
-        Ctrl-C) or until the target dies, which marks the session partial."""
+        Ctrl-C) or until the target dies, which marks the session partial (and always
+        yields a last snapshot then). With snapshots=False it yields None instead:
+        reading every map costs CPU on the machine being measured, so a recording
+        that shows no live numbers reads them once, at the end."""
         deadline = None if duration is None else self._t0 + duration
         while True:
             now = time.monotonic()
@@ -203,6 +208,6 @@ class Session:
                     self.status.reason = f"the target (PID {self.pid}) exited after {self.elapsed():.1f} s"
                     yield self.snapshot()
                     return
-            yield self.snapshot()
+            yield self.snapshot() if snapshots else None
             if deadline is not None and time.monotonic() >= deadline - 1e-3:
                 return
