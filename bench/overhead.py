@@ -58,7 +58,8 @@ def main() -> int:
         populate = [str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD]
         subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
         print(f"kvcached PID {server.pid} (baseline, 2 workers); kvload {' '.join(LOAD)}")
-        print(f"{args.pairs} interleaved pairs of {args.seconds:g} s runs; collectors: {args.collectors or 'all'}")
+        which = args.collectors or "all"
+        print(f"{args.pairs} interleaved pairs of {args.seconds:g} s runs; collectors: {which}")
         print(f"{'pair':>4} {'without ops/s':>14} {'with record':>14} {'ratio':>7}")
         ratios, without, with_ = [], [], []
         for i in range(args.pairs):
@@ -71,7 +72,9 @@ def main() -> int:
             )  # fmt: skip
             # attached once the oncpu program's perf events exist: wait for the
             # kvs semaphores (raised by the last collectors) to go up, then settle
-            kvs = not args.collectors or any(c in args.collectors for c in ("locks", "cachelines", "requests"))
+            kvs = not args.collectors or any(
+                c in args.collectors for c in ("locks", "cachelines", "requests")
+            )  # noqa: E501
             deadline = time.monotonic() + (120 if kvs else 10)  # without kvs collectors: no semaphore to see
             while time.monotonic() < deadline and not (kvs and _semaphores_up(server.pid)):
                 time.sleep(0.2)
