@@ -26,6 +26,7 @@ class RecordOptions:
     backend: str = "bpf"
     stack_storage: int = 16384
     max_entries: int = 10240
+    offcpu_sample: int = 16
     interval: float = 1.0
     quiet: bool = False
 
@@ -119,7 +120,12 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         perf_profile.save(out)
         return perf_profile, out
     try:
-        collect = CollectOptions(hz=opts.hz, stack_storage=opts.stack_storage, max_entries=opts.max_entries)
+        collect = CollectOptions(
+            hz=opts.hz,
+            stack_storage=opts.stack_storage,
+            max_entries=opts.max_entries,
+            offcpu_sample=opts.offcpu_sample,
+        )
         session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, collect)
     except TargetGone as e:
         raise RecordError(str(e)) from None
@@ -141,6 +147,10 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
         session.start()
         before = server_stats(opts.pid) or before  # the window starts now
+        if not opts.quiet:  # a line of its own in a log, overwritten on a terminal
+            _progress(
+                f"  attached {len(session.names)} collectors, collecting", final=not sys.stderr.isatty()
+            )
         total = "" if opts.duration is None else f"/{opts.duration:g}"
         for snap in session.run(opts.duration, opts.interval, snapshots=False):
             if snap is not None:  # the target died: this is the last of it

@@ -100,14 +100,14 @@ def assert_nothing_left(before: dict[int, str], loaded: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def collecting(pid: int, hz: int = HZ) -> Iterator[tuple[list[Any], set[int]]]:
+def collecting(pid: int, hz: int = HZ, offcpu_sample: int = 16) -> Iterator[tuple[list[Any], set[int]]]:
     """oncpu and offcpu attached to pid; yields them and the program ids they
     loaded; always closes them and checks nothing of ours is left."""
     from kvprof.collect.offcpu import OffCpuCollector
     from kvprof.collect.oncpu import OnCpuCollector
 
     before = our_bpf_fds()
-    opts = CollectOptions(hz=hz)
+    opts = CollectOptions(hz=hz, offcpu_sample=offcpu_sample)
     collectors: list[Any] = [OnCpuCollector(pid, opts), OffCpuCollector(pid, opts)]
     loaded: set[int] = set()
     try:
@@ -218,16 +218,44 @@ def test_kvcached_workers_sampled(kvcached_factory: Callable[..., Server]) -> No
     assert all(profile.threads[t].offcpu_ns > 0 for t, i in profile.threads.items() if i.name in workers)
 
 
+@pytest.mark.parametrize("sample", [1, 16])
+def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., Server], sample: int) -> None:
+    """Every off-CPU period is timed into its thread's total; stacks are taken
+    for 1 in `sample` of them and scaled. With 1 the stacks add up to the
+    totals exactly; with 16 they are an estimate of the same totals."""
+    server = kvcached_factory("-t", "2")
+    with collecting(server.pid, offcpu_sample=sample) as (collectors, _):
+        run_kvload(server, 2.0)
+        profile = snapshot(server.pid, collectors)
+    assert profile.status.sample_rates["offcpu_stacks"] == sample
+    by_thread: Counter[int] = Counter()
+    for st in profile.offcpu.stacks:
+        by_thread[st.tid] += st.ns
+    workers = [int(t) for t, i in profile.threads.items() if i.name.startswith("kv-worker")]
+    assert len(workers) == 2
+    for tid in workers:
+        total = profile.threads[str(tid)].offcpu_ns
+        assert total > 0
+        if sample == 1:
+            assert by_thread[tid] == total
+        else:
+            # thousands of switch-outs per second each: a 1-in-16 sample of them is close
+            assert 0.5 * total < by_thread[tid] < 1.5 * total, (by_thread[tid], total)
+
+
 def test_close_detaches_and_target_keeps_serving(kvcached_factory: Callable[..., Server]) -> None:
     """close() leaves no perf event, BPF fd or program behind (one cpu-clock
     event per CPU while attached), and kvcached keeps serving."""
     server = kvcached_factory("-t", "2")
     before = our_bpf_fds()
     with collecting(server.pid) as (collectors, loaded):
-        perf = [fd for fd, kind in our_bpf_fds().items() if fd not in before and kind == "perf_event"]
-        # One cpu-clock event per online CPU, plus one per tracepoint (BCC
-        # attaches tracepoints through perf events too).
-        assert len(perf) == len(online_cpus()) + 3, perf
+        new = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
+        perf = [fd for fd, kind in new.items() if kind == "perf_event"]
+        # One cpu-clock event per online CPU, plus one per futex tracepoint (BCC
+        # attaches tracepoints through perf events too); sched_switch is a raw
+        # tracepoint, attached by an fd of its own.
+        assert len(perf) == len(online_cpus()) + 2, new
+        assert "bpf-raw-tracepoint" in new.values() or "bpf_link" in new.values(), new
         assert len(loaded) == 4, loaded  # on_sample, sched_switch, futex enter and exit
         run_kvload(server, 1.0)
         profile = snapshot(server.pid, collectors)

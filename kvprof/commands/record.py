@@ -80,6 +80,14 @@ def add_parser(commands: Any) -> None:
         help="entries per aggregation map (default: 10240; raise it when a map was full)",
     )
     p.add_argument(
+        "--offcpu-sample",
+        type=number(int, 1, 1 << 16),
+        default=16,
+        metavar="N",
+        help="off-CPU stacks for a random 1 in N context switches, scaled by N; per-thread "
+        "off-CPU totals stay exact (default: 16; 1 = every switch, which costs ~3 µs each)",
+    )
+    p.add_argument(
         "--backend",
         choices=("bpf", "perf"),
         default="bpf",
@@ -103,6 +111,7 @@ def _run(args: argparse.Namespace) -> int:
             backend=args.backend,
             stack_storage=args.stack_storage,
             max_entries=args.max_entries,
+            offcpu_sample=args.offcpu_sample,
             quiet=args.quiet,
         )
     )
