@@ -10,6 +10,7 @@
 
 #include "core/listener.h"
 #include "core/worker.h"
+#include "cpulist.h"
 #include "protocol/process.h"
 #include "protocol/stats_out.h"
 #include "stats/sites.h"
@@ -40,6 +41,8 @@ static void usage(FILE *out)
             "  --item-counter M      on_create_item/on_delete_item: shared or per-thread\n"
             "  --memory-counter M    account_memory: shared or per-thread\n"
             "  --probe-sample N      fire per-request probes for 1 request in N (default 64)\n"
+            "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
+            "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
             "  -h, --help            this help\n");
 }
@@ -99,7 +102,17 @@ static const char *preset_of(const enum site_mode modes[SITES_MAX])
     return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
 }
 
-enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE };
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_CPUS };
+
+static void parse_cpus(const char *list)
+{
+    char why[160];
+    int max = (int)(sizeof(settings.cpus) / sizeof(settings.cpus[0]));
+    settings.ncpus = cpulist_parse(list, settings.cpus, max, why, sizeof(why));
+    if (settings.ncpus < 0)
+        die_usage("--cpu-affinity %s", why);
+    settings.cpu_affinity = list;
+}
 
 static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
 {
@@ -110,6 +123,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
         {"item-counter", required_argument, NULL, OPT_ITEMS},
         {"memory-counter", required_argument, NULL, OPT_MEMORY},
         {"probe-sample", required_argument, NULL, OPT_SAMPLE},
+        {"cpu-affinity", required_argument, NULL, OPT_CPUS},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -122,6 +136,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
         .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 64,
+        .cpu_affinity = "",
     };
     while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {
         switch (opt) {
@@ -152,6 +167,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
             break;
         }
         case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 1, 1 << 30); break;
+        case OPT_CPUS: parse_cpus(optarg); break;
         default: usage(stderr); exit(EX_USAGE);
         }
     }

@@ -7,8 +7,10 @@ started by the fixtures (kvcached, or Debian's memcached as a peer).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,10 +55,43 @@ def test_usage_errors_are_one_line_and_exit_64() -> None:
         ["--min-size", "100", "--max-size", "10"],
         ["--verify", "--min-size", "8", "--max-size", "8"],
         ["--no-such-option"],
+        ["--cpu-affinity", "0-"],
+        ["--cpu-affinity", "100000"],
     ):
         r = kvload(None, *args)
         assert r.returncode == 64, (args, r.stderr)
         assert r.stderr.startswith("kvload: ") or "usage" in r.stderr, (args, r.stderr)
+
+
+def test_cpu_affinity_pins_threads_round_robin(kvcached_factory: Callable[..., Server]) -> None:
+    """--cpu-affinity LIST: client thread i runs only on LIST[i % len]."""
+    cpus = sorted(os.sched_getaffinity(0))
+    wanted = [cpus[-1], cpus[0]]
+    server = kvcached_factory("-t", "1")
+    argv = [str(kvload_binary()), "--quiet", f"--server={server.address}", "--num-threads=3", "--duration=3",
+            "--batch-size=4", "--set-pct=0", f"--cpu-affinity={wanted[0]},{wanted[1]}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        allowed: set[str] = set()
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:  # the main thread and the 3 load threads
+            try:
+                tids = [t for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+                allowed = {_cpus_allowed(proc.pid, t) for t in tids}
+            except (FileNotFoundError, StopIteration):
+                break
+            if len(tids) == 3:
+                break
+            time.sleep(0.02)
+    finally:
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert allowed == {str(c) for c in wanted}, allowed
+
+
+def _cpus_allowed(pid: int, tid: str) -> str:
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
 
 
 def test_cannot_connect_exits_2() -> None:

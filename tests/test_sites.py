@@ -8,6 +8,8 @@ contended under load while the per-thread tables never are.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from collections.abc import Callable
 import load
 import pytest
 
-from kvprof.target import Server
+from kvprof.target import Server, kvcached_binary
 
 SITES = ["collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory"]
 FLAGS = {
@@ -208,3 +210,50 @@ def test_topkeys_never_contended_under_fixed(kvcached_factory: Callable[..., Ser
     print(f"\nfixed: {totals.get_keys / totals.elapsed_s:,.0f} keys/s; all locks {delta}")
     assert delta["topkeys"] == (0, 0), delta
     assert delta["topkeys_thread"] == (0, 0), "nobody else takes a worker's own table lock without stats"
+
+
+# ---- worker placement -------------------------------------------------------
+
+
+def _allowed_cpus(pid: int, tid: int) -> str:
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
+
+
+def test_cpu_affinity_pins_workers_round_robin(kvcached_factory: Callable[..., Server]) -> None:
+    """--cpu-affinity LIST pins worker i to LIST[i % len]; `stats settings` says so."""
+    cpus = sorted(os.sched_getaffinity(0))
+    wanted = [cpus[0], cpus[-1]]
+    server = kvcached_factory("-t", "3", "--cpu-affinity", f"{wanted[0]},{wanted[1]}")
+    assert server.stats("settings")["cpu_affinity"] == f"{wanted[0]},{wanted[1]}"
+    workers = {}
+    deadline = time.monotonic() + 5
+    while len(workers) < 3 and time.monotonic() < deadline:
+        for tid in os.listdir(f"/proc/{server.pid}/task"):
+            with open(f"/proc/{server.pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith("kv-worker-"):
+                workers[int(name.rsplit("-", 1)[1])] = _allowed_cpus(server.pid, int(tid))
+        time.sleep(0.05)
+    assert workers == {i: str(wanted[i % 2]) for i in range(3)}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("x", "wants CPU numbers and ranges like 0,2-3, not 'x'"),
+        ("1-0", "not '1-0'"),
+        ("0,", "not '0,'"),
+        ("100000", "names CPU 100000, which is not available to this process"),
+    ],
+)
+def test_cpu_affinity_bad_lists_refused(value: str, message: str) -> None:
+    """A bad --cpu-affinity is a usage error (exit 64) that names the problem."""
+    done = subprocess.run(
+        [str(kvcached_binary()), "-p", "0", "--cpu-affinity", value],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert done.returncode == 64, done
+    assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr

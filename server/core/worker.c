@@ -1,11 +1,15 @@
 #include "core/worker.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+
+#include "protocol/process.h"
 
 __thread int kv_thread_idx;
 
@@ -50,6 +54,15 @@ static void *worker_main(void *arg)
     kv_thread_idx = w->idx;
     snprintf(name, sizeof(name), "kv-worker-%d", w->idx);
     pthread_setname_np(pthread_self(), name);
+    if (settings.ncpus > 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(settings.cpus[w->idx % settings.ncpus], &one);
+        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+        if (err != 0)
+            fprintf(stderr, "kvcached: %s: cannot pin to CPU %d: %s\n", name,
+                    settings.cpus[w->idx % settings.ncpus], strerror(err));
+    }
 
     while (!__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
         ev_fired_t *fired;

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpulist.h"
+
 #define EX_USAGE 64
 #define KEY_MAX 250
 #define VERIFY_MAGIC "kvl1"
@@ -43,6 +45,8 @@ static struct {
     double zipf_s; /* 0: uniform */
     char prefix[64];
     uint64_t seed;
+    int ncpus; /* thread i runs on cpus[i % ncpus] when > 0 */
+    int cpus[1024];
 } opt;
 
 static void usage(FILE *out)
@@ -65,6 +69,7 @@ static void usage(FILE *out)
             "  --key-prefix P          key prefix (default kvload:)\n"
             "  --verify                checksum every value and check every value read\n"
             "  --seed N                random seed (default 1)\n"
+            "  --cpu-affinity LIST     pin thread i to the i-th CPU of LIST, round-robin (e.g. 0,1)\n"
             "  --json                  end with one JSON object on stdout\n"
             "  --quiet                 no progress on stderr\n"
             "  -h, --help              this help\n"
@@ -94,7 +99,7 @@ static long num_arg(const char *s, const char *name, long lo, long hi)
 
 enum {
     O_SERVER = 256, O_THREADS, O_CONNS, O_BATCH, O_ITEMS, O_MIN, O_MAX, O_SETPCT, O_CYCLES, O_DURATION,
-    O_POPONLY, O_NOPOP, O_KEYDIST, O_PREFIX, O_VERIFY, O_SEED, O_JSON, O_QUIET,
+    O_POPONLY, O_NOPOP, O_KEYDIST, O_PREFIX, O_VERIFY, O_SEED, O_JSON, O_QUIET, O_CPUS,
 };
 
 static void parse_args(int argc, char **argv)
@@ -118,6 +123,7 @@ static void parse_args(int argc, char **argv)
         {"seed", required_argument, NULL, O_SEED},
         {"json", no_argument, NULL, O_JSON},
         {"quiet", no_argument, NULL, O_QUIET},
+        {"cpu-affinity", required_argument, NULL, O_CPUS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -185,6 +191,14 @@ static void parse_args(int argc, char **argv)
             strcpy(opt.prefix, optarg);
             break;
         case O_VERIFY: opt.verify = true; break;
+        case O_CPUS: {
+            char why[160];
+            opt.ncpus = cpulist_parse(optarg, opt.cpus, (int)(sizeof(opt.cpus) / sizeof(opt.cpus[0])), why,
+                                      sizeof(why));
+            if (opt.ncpus < 0)
+                die_usage("--cpu-affinity %s", why);
+            break;
+        }
         case O_SEED: opt.seed = (uint64_t)num_arg(optarg, "--seed", 0, 0x7fffffffffffffffL); break;
         case O_JSON: opt.json = true; break;
         case O_QUIET: opt.quiet = true; break;
@@ -698,6 +712,15 @@ static pthread_barrier_t populated, started;
 static void *thread_main(void *arg)
 {
     struct thread *t = arg;
+    if (opt.ncpus > 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(opt.cpus[t->idx % opt.ncpus], &one);
+        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+        if (err != 0)
+            fprintf(stderr, "kvload: thread %d: cannot pin to CPU %d: %s\n", t->idx, opt.cpus[t->idx % opt.ncpus],
+                    strerror(err));
+    }
     for (int i = 0; i < opt.connections; i++) {
         t->conns[i].fd = connect_server();
         if (t->conns[i].fd < 0)
