@@ -15,7 +15,9 @@ from typing import Any
 
 from bcc import BPF
 
-TRACING_FRAMES = ("__traceiter_", "perf_trace_", "trace_event_raw_event_", "bpf_trace_run", "__bpf_trace_")
+TRACING_FRAMES = (
+    "__traceiter_", "perf_trace_", "trace_event_raw_event_", "bpf_trace_run", "__bpf_trace_", "bpf_prog_",
+)  # fmt: skip
 
 
 class Symbolizer:
