@@ -36,7 +36,7 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ("record", "report", "bench", "doctor", "probes")
+COMMANDS: tuple[str, ...] = ("record", "report", "flamegraph", "diff", "bench", "doctor", "probes")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ class RecordOptions:
     offcpu_sample: int = 16
     interval: float = 1.0
     quiet: bool = False
+    flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)
 
 
 def _privileged() -> bool:
@@ -209,4 +210,12 @@ def main(opts: RecordOptions) -> int:
         for line in skipped:
             print(f"  {line}", file=sys.stderr)
         print(f"next: kvprof report {out}", file=sys.stderr)
+    if opts.flamegraph is not None:
+        from kvprof.export import ExportError, export
+
+        try:  # always said, even with --quiet: it names the file written
+            print(export(profile, "cpu", opts.flamegraph), file=sys.stderr)
+        except ExportError as e:
+            print(f"kvprof record: flame graph: {e}", file=sys.stderr)
+            return 2
     return 0

@@ -155,6 +155,11 @@ if [[ $OS_ID == debian ]]; then
 else
     PKGS+=(linux-tools-common)
 fi
+# The flame-graph SVG's browser test drives Debian's chromium with selenium.
+# Ubuntu ships chromium only as a snap (no /usr/bin/chromium): the test skips there.
+if [[ $OS_ID == debian ]]; then
+    PKGS+=(chromium chromium-driver)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

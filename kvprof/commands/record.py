@@ -15,6 +15,7 @@ examples:
   kvprof record -p 1234 --hz 999 --collectors oncpu,locks
   kvprof record -p $(pgrep -x kvcached) -d 30   # then: kvprof report kvprof-<pid>.json.gz
   kvprof record -p 1234 --backend perf  # no BPF: perf's dwarf unwinding, stacks through libc
+  kvprof record -p 1234 -o base.json.gz --flamegraph base.svg   # the profile and its flame graph
 """
 
 
@@ -94,8 +95,25 @@ def add_parser(commands: Any) -> None:
         help="bpf (default): every collector; perf: on-CPU stacks only, from `perf record "
         "--call-graph dwarf` (no BPF needed; full stacks through libc)",
     )
+    p.add_argument(
+        "--flamegraph",
+        type=_flamegraph_output,
+        metavar="OUT.svg",
+        help="also write the on-CPU flame graph (.svg, .folded or .speedscope.json) after recording",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no banner or progress")
     p.set_defaults(run=_run)
+
+
+def _flamegraph_output(text: str) -> Path:
+    """Checked before recording starts, not after."""
+    from kvprof.export import ExportError, format_of
+
+    try:
+        format_of(text)
+    except ExportError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return Path(text)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -113,5 +131,6 @@ def _run(args: argparse.Namespace) -> int:
             max_entries=args.max_entries,
             offcpu_sample=args.offcpu_sample,
             quiet=args.quiet,
+            flamegraph=args.flamegraph,
         )
     )

@@ -1,0 +1,142 @@
+"""Flame graphs of a real recording: kvcached (baseline, then fixed) under kvload,
+`kvprof record --flamegraph` with real BPF, then `kvprof flamegraph` and `kvprof diff`
+on the two profiles, as a user would run them.
+
+The load is kvload's study shape with uniform keys and 5 % sets, so that the
+item and LRU locks stay quiet and the topkeys mutex is the contended one, as
+in the study. Two busy cores shared with other work can keep the two workers
+from ever meeting on the mutex for a while: then the baseline recording is
+taken again (three tries), since a profile without the contention cannot
+show it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_export import KVPROF, SvgDoc, SvgFrame, read_svg
+from test_record import load, record
+
+from kvprof.analysis.findings import is_wrapper
+from kvprof.export.frames import HOTSPOT
+from kvprof.export.svg import frame_colour
+from kvprof.model.profile import Profile
+from kvprof.target import Server
+
+HOTSPOTS = ("collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory")
+QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after test_record's LOAD: these win
+
+
+def _topkeys_waits(p: Profile) -> int:
+    return sum(lk.waits for lk in p.locks if lk.name == "topkeys")
+
+
+def _record(start: Callable[..., Server], preset: str, tmp_path: Path, tries: int) -> tuple[Path, Path]:
+    server = start("-t", "2", "--preset", preset)
+    out, svg = tmp_path / f"{preset}.json.gz", tmp_path / f"{preset}-cpu.svg"
+    with load(server, 120, *QUIET_ITEM_LOCKS) as kv:
+        time.sleep(0.5)
+        for _ in range(tries):
+            r = record(server.pid, out, "-d", "2", "--hz", "499", "--collectors", "oncpu,offcpu,locks",
+                       "--flamegraph", str(svg))  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            assert f"wrote {svg}: cpu, " in r.stderr  # said even with -q
+            if _topkeys_waits(Profile.load(out)):
+                break
+        kv.send_signal(signal.SIGTERM)
+    server.stop()
+    return out, svg
+
+
+def _kvprof(*args: str) -> None:
+    r = subprocess.run([*KVPROF, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def _caller(doc: SvgDoc, f: SvgFrame) -> SvgFrame | None:
+    """The frame one row below `f` whose span holds it."""
+    for g in doc.frames:
+        if g.y == f.y + 16 and g.start <= f.start and f.start + f.value <= g.start + g.value:
+            return g
+    return None
+
+
+def _call_sites(doc: SvgDoc) -> list[SvgFrame]:
+    """Under each `[lock ...]` / `[futex ...]` leaf, the first frame that is not lock plumbing."""
+    sites = []
+    for leaf in doc.frames:
+        if leaf.name.startswith(("[lock ", "[futex ")):
+            site = _caller(doc, leaf)
+            while site is not None and is_wrapper(site.name):
+                site = _caller(doc, site)
+            assert site is not None, leaf
+            sites.append(site)
+    return sites
+
+
+def _is_blue(f: SvgFrame) -> bool:
+    r, _, b = (int(f.fill[i : i + 2], 16) for i in (1, 3, 5))
+    return f.cls == "down" and b > r
+
+
+@pytest.mark.bpf
+def test_flame_graphs_of_kvcached_baseline_and_fixed(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Baseline cpu SVG names the sampled hotspots in the hotspot colour; its locks SVG has
+    update_topkeys as the widest waiting call site; baseline -> fixed colours it blue."""
+    base, base_svg = _record(kvcached_factory, "baseline", tmp_path, tries=3)
+    fixed, _ = _record(kvcached_factory, "fixed", tmp_path, tries=1)
+    p_base, p_fixed = Profile.load(base), Profile.load(fixed)
+    assert _topkeys_waits(p_base), "no contended topkeys waits in 3 recordings of baseline under load"
+    assert _topkeys_waits(p_fixed) == 0  # per-thread tables: the design has no shared mutex
+
+    # cpu: the SVG record wrote holds every sample; drawn with no pruning, every
+    # hotspot function sampled is named, with its samples, in the hotspot colour
+    assert int(read_svg(base_svg).attr("total")) == sum(s.count for s in p_base.oncpu)
+    _kvprof("flamegraph", str(base), "--min-width", "0", "-o", str(tmp_path / "cpu.svg"))
+    doc = read_svg(tmp_path / "cpu.svg")
+    sampled = {h: sum(s.count for s in p_base.oncpu if h in s.frames) for h in HOTSPOTS}
+    sampled = {h: n for h, n in sampled.items() if n}
+    assert sampled, "no hotspot function sampled at all"
+    for name, count in sampled.items():
+        frames = doc.named(name)
+        assert sum(f.value for f in frames) == count, name
+        assert all(f.fill == frame_colour(HOTSPOT, name) for f in frames), name
+
+    # locks: the widest waiting call site is update_topkeys, by frame and by name
+    _kvprof("flamegraph", str(base), "--kind", "locks", "-o", str(tmp_path / "locks.svg"))
+    sites = _call_sites(read_svg(tmp_path / "locks.svg"))
+    assert max(sites, key=lambda f: f.value).name == "update_topkeys", [(f.name, f.value) for f in sites]
+    by_name: dict[str, int] = {}
+    for f in sites:
+        by_name[f.name] = by_name.get(f.name, 0) + f.value
+    assert max(by_name, key=lambda n: by_name[n]) == "update_topkeys", by_name
+
+    # diff, locks: fixed has no topkeys waits, so in baseline's shape they are all blue
+    _kvprof("diff", str(base), str(fixed), "--kind", "locks", "--negate", "-o", str(tmp_path / "dl.svg"))
+    diff_doc = read_svg(tmp_path / "dl.svg")
+    topkeys = diff_doc.named("update_topkeys") + diff_doc.named("[lock topkeys]")
+    assert topkeys and all(_is_blue(f) for f in topkeys), [(f.name, f.cls, f.tip) for f in topkeys]
+
+    # diff, off-CPU: baseline's threads slept on the mutex in update_topkeys, fixed's do
+    # not; off-CPU stacks are taken for 1 switch in 16, so only where one was taken
+    _kvprof("diff", str(base), str(fixed), "--kind", "offcpu", "--negate", "-o", str(tmp_path / "do.svg"))
+    off = read_svg(tmp_path / "do.svg").named("update_topkeys")
+    if any("update_topkeys" in s.frames for s in p_base.offcpu.stacks):
+        assert off and _is_blue(max(off, key=lambda f: f.value)), [f.tip for f in off]
+
+    # diff, cpu: a few hundred samples a side make small shares noisy, so here the
+    # colour of every hotspot frame is checked against its own change of share
+    _kvprof("diff", str(base), str(fixed), "--negate", "-o", str(tmp_path / "dc.svg"))
+    cpu_doc = read_svg(tmp_path / "dc.svg")
+    for name in sampled:
+        for f in cpu_doc.named(name):
+            before, after = (float(x.rstrip("%")) for x in f.tip.split(" of the total")[0].split(" -> "))
+            want = "same" if abs(after - before) < 0.01 else "down" if after < before else "up"
+            assert f.cls == want, (name, f.tip)
