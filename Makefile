@@ -1,11 +1,11 @@
 # kvprof: the commands the README starts with.
 #
-#   make demo    kvcached (baseline preset) under load, live stats until Ctrl-C
+#   make demo    kvcached (baseline preset) under load, watched live by `kvprof top` (q quits)
 #   make test    the whole suite, then the protocol tests again under ASan+UBSan
 #
 # Everything goes through scripts/provision.sh first (quick once done). As root
 # it all just runs; as an ordinary user only apt/mount (in provision) and the
-# BPF tests use sudo.
+# BPF tests and the demo use sudo.
 
 VENV   := .venv
 PYTEST := $(VENV)/bin/pytest
@@ -49,8 +49,9 @@ lint:
 	$(MYPY) kvprof
 	$(MAKE) -C server B=build-lint WERROR=1
 
+# `kvprof demo` (no root: the server's own stats, printed) is the way to see it without BPF.
 demo: setup build
-	$(VENV)/bin/kvprof demo
+	$(AS_ROOT) $(VENV)/bin/kvprof top --demo
 
 clean:
 	$(MAKE) -C server clean

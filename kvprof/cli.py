@@ -36,7 +36,9 @@ examples:
 
 
 # kvprof/commands/<name>.py, in the order `kvprof --help` lists them
-COMMANDS: tuple[str, ...] = ("record", "report", "flamegraph", "diff", "bench", "doctor", "probes")
+COMMANDS: tuple[str, ...] = (
+    "top", "record", "report", "flamegraph", "diff", "exporter", "bench", "doctor", "probes",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,9 @@
 """`kvprof demo`: kvcached under load, with its live stats once a second.
 
 The numbers come from the server itself (`stats` and `stats locks`), so the
-demo needs neither root nor BPF. The load is our own `kvload`; the demo will
-end in `kvprof top` on the running server once that exists.
+demo needs neither root nor BPF. The load is our own `kvload`. `make demo`
+runs `kvprof top --demo` instead: the same server and load, seen through the
+eBPF collectors (root).
 """
 
 from __future__ import annotations

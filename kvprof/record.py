@@ -30,6 +30,8 @@ class RecordOptions:
     interval: float = 1.0
     quiet: bool = False
     flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)
+    python: bool | None = None  # on-CPU stacks from py-spy: None = when the target is CPython
+    native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
 
 
 def _privileged() -> bool:
@@ -107,8 +109,13 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     """Records and writes the profile; returns it and where it went."""
     from kvprof.collect import CollectError, CollectOptions
     from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive
+    from kvprof.pyspy import for_record, record_alone
 
-    if not _privileged():
+    try:  # py-spy takes the on-CPU stacks of a CPython target; BPF the rest
+        spy = for_record(opts)
+    except CollectError as e:
+        raise RecordError(str(e)) from None
+    if not _privileged() and (spy is None or spy.bpf_collectors):
         raise RecordError(
             "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo; "
             "`kvprof doctor` checks the rest"
@@ -120,6 +127,11 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         _finish(perf_profile, before, server_stats(opts.pid))
         perf_profile.save(out)
         return perf_profile, out
+    if spy is not None and not spy.bpf_collectors:  # py-spy alone: no BPF, no root
+        alone = record_alone(spy, opts.duration, opts.quiet)
+        _finish(alone, before, server_stats(opts.pid))
+        alone.save(out)
+        return alone, out
     try:
         collect = CollectOptions(
             hz=opts.hz,
@@ -127,7 +139,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             max_entries=opts.max_entries,
             offcpu_sample=opts.offcpu_sample,
         )
-        session = Session(opts.pid, opts.collectors or ALL_COLLECTORS, collect)
+        session = Session(opts.pid, spy.bpf_collectors if spy else opts.collectors or ALL_COLLECTORS, collect)
     except TargetGone as e:
         raise RecordError(str(e)) from None
     except PermissionError:
@@ -147,6 +159,8 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         if not opts.quiet:
             _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
         session.start()
+        if spy is not None:
+            spy.start()  # sampling once py-spy says so: a PySpyError is a CollectError
         before = server_stats(opts.pid) or before  # the window starts now
         if not opts.quiet:  # a line of its own in a log, overwritten on a terminal
             _progress(
@@ -169,8 +183,14 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         except Exception:  # keep what the last interval gave
             pass
     finally:
+        if spy is not None:
+            spy.stop()  # the window BPF had, give or take py-spy's start
         after = server_stats(opts.pid) if alive(opts.pid) else {}  # before detaching: same window
         session.close()
+    if spy is not None:
+        if profile is not None:
+            spy.contribute(profile)
+        spy.close()
     if profile is None:
         raise RecordError("stopped before anything was collected")
     if interrupted:
@@ -205,7 +225,7 @@ def main(opts: RecordOptions) -> int:
         return 2
     if not opts.quiet:
         note = f" (partial: {profile.status.reason})" if profile.status.partial else ""
-        skipped = [f"{n}: {r}" for n, r in profile.status.collectors.items() if r != "ok"]
+        skipped = [f"{n}: {r}" for n, r in profile.status.collectors.items() if not r.startswith("ok")]
         print(f"wrote {out} in {time.monotonic() - start:.1f} s{note}", file=sys.stderr)
         for line in skipped:
             print(f"  {line}", file=sys.stderr)

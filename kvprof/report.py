@@ -353,10 +353,11 @@ def _header(profile: Profile) -> list[str]:
         )
     )
     states = collector_states(profile)
-    ok = [n for n, s in states.items() if s == "ok"]
+    # "ok", or "ok (perf backend)", "ok (py-spy ...)": which backend gave the section
+    ok = [n if s == "ok" else f"{n} {s[3:]}" for n, s in states.items() if s.startswith("ok")]
     lines.extend(_wrap(", ".join(ok) or "none", "    ", "  collectors: "))
     for name, state in states.items():
-        if state != "ok":
+        if not state.startswith("ok"):
             lines.extend(_wrap(f"{name}: {state}", "      ", "    not used: "))
     for w in warnings_of(profile):
         lines.extend(_wrap(w, "    ", "WARNING: "))

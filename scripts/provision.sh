@@ -96,6 +96,7 @@ PKGS=(
     python3-venv python3-dev
     libmemcached-tools memcached redis-server
     tmux
+    golang-go prometheus # `go tool pprof` reads the pprof export; Prometheus scrapes `kvprof exporter`
 )
 if [[ $OS_ID == ubuntu && ${VERSION_ID:-} == 22.04 ]]; then
     PY=/usr/bin/python3.11 # jammy's python3 is 3.10
@@ -173,7 +174,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     apt_install "${missing[@]}"
 fi
 
-for svc in memcached redis-server; do
+for svc in memcached redis-server prometheus; do
     if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet "$svc" 2>/dev/null; then
         if [[ -d /run/systemd/system ]]; then
             as_root systemctl disable --now --quiet "$svc"

@@ -19,6 +19,7 @@ import importlib
 import os
 import platform
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from types import FrameType, TracebackType
@@ -94,6 +95,9 @@ class Session:
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
         self._old_term: Any = None
+        # add() may attach a collector from one thread while another reads snapshots
+        self._lock = threading.Lock()
+        self._closed = False
 
     # ---- lifetime ------------------------------------------------------------
 
@@ -101,7 +105,10 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
-        self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        if threading.current_thread() is threading.main_thread():
+            # only the main thread may set handlers; a program that starts the session
+            # elsewhere (the TUI, from a worker) handles SIGTERM itself and calls close()
+            self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         try:
             for name in self.names:
                 collector = _collector_class(name)(self.pid, self.opts)
@@ -136,8 +143,40 @@ class Session:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
+    def add(self, name: str) -> str:
+        """Attach one more collector to a started session; returns its state ("ok", or
+        why not, as in status.collectors). A live view uses it to show the first
+        collectors' numbers while slower ones still compile; may run in another thread
+        than snapshot(). The new collector's counts fall inside the window but cover
+        only the part since it attached."""
+        if name not in ALL_COLLECTORS:
+            raise CollectError(f"unknown collector {name!r}: choose from {', '.join(ALL_COLLECTORS)}")
+        collector = _collector_class(name)(self.pid, self.opts)
+        reason = collector.applies()
+        if reason is not None:
+            state = f"not applicable: {reason}"
+        else:
+            try:
+                collector.start()
+                state = "ok"
+            except CollectError as e:
+                collector.close()
+                state = f"failed: {e}"
+        with self._lock:
+            if state == "ok" and self._closed:
+                collector.close()  # closed while it compiled: nothing may stay attached
+                state = "closed"
+            elif state == "ok":
+                self.active.append(collector)
+                if name not in self.names:
+                    self.names.append(name)
+            self.status.collectors[name] = state
+        return state
+
     def close(self) -> None:
         """Detach every collector; safe to call twice, and from error paths."""
+        with self._lock:
+            self._closed = True
         while self.active:
             collector = self.active.pop()
             try:
@@ -175,17 +214,19 @@ class Session:
             ),
             window=Window(start=self.started_at, duration_s=round(self.elapsed(), 3)),
             hz=self.opts.hz,
-            collectors=[c.name for c in self.active],
-            status=Status(
+        )
+        with self._lock:
+            active = list(self.active)
+            profile.collectors = [c.name for c in active]
+            profile.status = Status(
                 partial=self.status.partial,
                 reason=self.status.reason,
                 collectors=dict(self.status.collectors),
                 counters={},
                 warnings=list(self.status.warnings),
                 sample_rates=dict(self.status.sample_rates),
-            ),
-        )
-        for collector in self.active:
+            )
+        for collector in active:
             collector.contribute(profile)
         return profile
 

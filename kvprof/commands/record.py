@@ -16,6 +16,8 @@ examples:
   kvprof record -p $(pgrep -x kvcached) -d 30   # then: kvprof report kvprof-<pid>.json.gz
   kvprof record -p 1234 --backend perf  # no BPF: perf's dwarf unwinding, stacks through libc
   kvprof record -p 1234 -o base.json.gz --flamegraph base.svg   # the profile and its flame graph
+  kvprof record -p $(pgrep -f app.py)   # a CPython process: Python stacks from py-spy, waits from BPF
+  kvprof record -p 1234 --python --native --collectors oncpu   # py-spy alone (no root for your own)
 """
 
 
@@ -101,6 +103,16 @@ def add_parser(commands: Any) -> None:
         metavar="OUT.svg",
         help="also write the on-CPU flame graph (.svg, .folded or .speedscope.json) after recording",
     )
+    p.add_argument(
+        "--python",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="on-CPU stacks from py-spy, as Python functions with file:line (default: when the "
+        "target is CPython); --no-python: BPF's native stacks even then",
+    )
+    p.add_argument(
+        "--native", action="store_true", help="with py-spy: merge C/C++ extension frames into the stacks"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no banner or progress")
     p.set_defaults(run=_run)
 
@@ -132,5 +144,7 @@ def _run(args: argparse.Namespace) -> int:
             offcpu_sample=args.offcpu_sample,
             quiet=args.quiet,
             flamegraph=args.flamegraph,
+            python=args.python,
+            native=args.native,
         )
     )

@@ -28,7 +28,7 @@ from kvprof.model.profile import Profile
 __all__ = ["FORMATS", "KINDS", "ExportError", "Options", "Written", "export", "format_of", "write"]
 
 # output name ending -> format; the longest ending is tried first
-FORMATS = {".speedscope.json": "speedscope", ".folded": "folded", ".svg": "svg"}
+FORMATS = {".speedscope.json": "speedscope", ".folded": "folded", ".svg": "svg", ".pb.gz": "pprof"}
 
 
 def format_of(out: str | os.PathLike[str]) -> str:
@@ -90,6 +90,10 @@ def write(
     """Writes `kind` of `profile` to `out` in the format its name asks for."""
     opts = options or Options()
     fmt = format_of(out)
+    if fmt == "pprof":  # kvprof/export/pprof.py
+        from kvprof.export.pprof import write_pprof
+
+        return write_pprof(profile, kind, out, opts)
     unit = check_kind(kind, opts.value)
     opts.check()
     items = stacks(profile, kind, unit)

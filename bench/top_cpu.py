@@ -1,0 +1,158 @@
+"""How much CPU `kvprof top` itself uses while it watches a busy kvcached.
+
+Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, runs
+`kvprof top -p PID` in a pseudo-terminal (132x40, the default 1 s interval)
+as a user would, waits until every collector is attached, then reads the TUI
+process's utime+stime from /proc over --seconds (default 30) and prints it as
+a share of one core, with the attach phase (compiling five BPF programs)
+shown separately. Needs root. The target: under 10 % of one core. It also
+prints the server's ops/s over the same length of time before the TUI started
+and while it watched (one pair: a rough figure; bench/overhead.py is the
+careful measure of what the collectors cost).
+
+    sudo .venv/bin/python bench/top_cpu.py [--seconds 30] [--interval 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kvprof import demo  # noqa: E402
+from kvprof.target import start_kvcached  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+ATTACHED = "collectors ✓".encode()
+
+
+def ops(server: object) -> int:
+    stats = server.stats()  # type: ignore[attr-defined]
+    return int(stats["cmd_get"]) + int(stats["cmd_set"])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of `pid`, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+class Screen:
+    """A pseudo-terminal running one command; its output is read and kept (the last 64 KB)."""
+
+    def __init__(self, argv: list[str], cols: int = 132, rows: int = 40) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows))
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, close_fds=True
+        )
+        os.close(slave)
+        self.tail = b""
+        self.seen_attached = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.master], [], [], 0.5)
+            if not ready:
+                if self.proc.poll() is not None:
+                    return
+                continue
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.tail = (self.tail + chunk)[-65536:]
+            if ATTACHED in self.tail:
+                self.seen_attached.set()
+
+    def press(self, key: bytes) -> None:
+        os.write(self.master, key)
+
+    def stop(self, timeout: float = 10.0) -> float:
+        """q, then wait; SIGTERM if it does not go. Returns the seconds it took."""
+        t = time.monotonic()
+        if self.proc.poll() is None:
+            self.press(b"q")
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout)
+        self._reader.join(2)
+        os.close(self.master)
+        return time.monotonic() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0, help="measuring window (default: 30)")
+    ap.add_argument("--interval", type=float, default=1.0, help="kvprof top --interval (default: 1)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("top_cpu: needs root (kvprof top loads BPF programs)", file=sys.stderr)
+        return 2
+    server = start_kvcached(["--preset", "baseline", "-t", "2"])
+    load = demo.start_load(server.address, None)
+    screen = None
+    try:
+        time.sleep(2.0)  # kvload populates its keys first
+        o0, t = ops(server), time.monotonic()
+        time.sleep(a.seconds)
+        alone = (ops(server) - o0) / (time.monotonic() - t)
+        argv = [sys.executable, "-m", "kvprof.cli", "top", "-p", str(server.pid), "-i", str(a.interval)]
+        t0 = time.monotonic()
+        screen = Screen(argv)
+        if not screen.seen_attached.wait(120):
+            print("top_cpu: the collectors did not all attach within 120 s", file=sys.stderr)
+            return 1
+        attach_s = time.monotonic() - t0
+        attach_cpu = cpu_seconds(screen.proc.pid)
+        time.sleep(2.0)  # the first full intervals after the last attach
+        o0, c0, w0 = ops(server), cpu_seconds(screen.proc.pid), time.monotonic()
+        time.sleep(a.seconds)
+        o1, c1, w1 = ops(server), cpu_seconds(screen.proc.pid), time.monotonic()
+        watched = (o1 - o0) / (w1 - w0)
+        quit_s = screen.stop()
+        share = (c1 - c0) / (w1 - w0)
+        print(f"kvprof top -p {server.pid} -i {a.interval:g} on kvcached (baseline, 2 workers) under kvload")
+        print(f"  attach (5 BPF programs): {attach_s:5.1f} s wall, {attach_cpu:5.1f} s CPU")
+        print(
+            f"  steady state over {w1 - w0:.0f} s:  {c1 - c0:5.2f} s CPU = {share:.1%} of one core "
+            "(target < 10 %)"
+        )
+        print(
+            f"  target: {alone:,.0f} ops/s alone (the {a.seconds:.0f} s before), {watched:,.0f} ops/s "
+            f"watched: {watched / alone:.3f}x (one pair, not interleaved: a rough figure)"
+        )
+        print(f"  q to exit: {quit_s:.2f} s")
+        return 0
+    finally:
+        if screen is not None and screen.proc.poll() is None:
+            screen.stop()
+        load.stop()
+        load.cleanup()
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

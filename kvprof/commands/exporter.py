@@ -1,0 +1,94 @@
+"""`kvprof exporter -p PID [--listen HOST:PORT]`: a Prometheus exporter over a live session."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvprof.commands import number
+
+EXAMPLES = """\
+examples:
+  kvprof exporter -p $(pgrep -x kvcached)                 # http://127.0.0.1:9464/metrics
+  kvprof exporter -p 1234 --listen 127.0.0.1:9500 --top 10
+  kvprof exporter -p 1234 --collectors locks,cachelines,requests   # the kvs probes only: cheapest
+  kvprof exporter -p 1234 --listen 0.0.0.0:9464           # other hosts may scrape it (say so)
+
+Prometheus scrape config (docs/fleet.md):
+  - job_name: kvprof
+    static_configs: [{targets: ["127.0.0.1:9464"]}]
+"""
+
+
+def add_parser(commands: Any) -> None:
+    from kvprof.commands.record import _collectors, _pid
+
+    p = commands.add_parser(
+        "exporter",
+        help="serve a live session's counters to Prometheus",
+        description=(
+            "Attach kvprof's collectors to a running process and serve their counters on\n"
+            "/metrics for Prometheus: CPU samples by function (the top N, the rest as\n"
+            "`other`), lock waits and wait seconds by lock, cache-line samples and transfers\n"
+            "by site, request latency histograms, per thread and socket; collector health;\n"
+            "and the target's own `stats` when it speaks the memcached protocol. Binds\n"
+            "loopback unless told otherwise. Needs root. SIGTERM or Ctrl-C detaches\n"
+            "everything; exit status 1 when the target exits, 2 when it cannot start."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-p", "--pid", type=_pid, required=True, help="the process to watch")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9464",
+        metavar="HOST:PORT",
+        help="where to serve /metrics (default: %(default)s; loopback unless told otherwise)",
+    )
+    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
+    p.add_argument(
+        "--hz",
+        type=number(int, 1, 10000),
+        default=49,
+        help="on-CPU sampling rate (default: 49; the exporter runs for long, so lower than record's)",
+    )
+    p.add_argument(
+        "--top",
+        type=number(int, 1, 1000),
+        default=20,
+        metavar="N",
+        help="functions with series of their own; the rest count as `other` (default: 20)",
+    )
+    p.add_argument(
+        "--max-labels",
+        type=number(int, 1, 10000),
+        default=64,
+        metavar="N",
+        help="at most N threads, locks and sites as label values; the rest are `other` (default: 64)",
+    )
+    p.add_argument(
+        "--min-interval",
+        type=number(float, lo=0),
+        default=1.0,
+        metavar="SEC",
+        help="scrapes closer together than SEC share one reading of the maps (default: 1)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no banner")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvprof.exporter import ExporterOptions, run
+
+    return run(
+        ExporterOptions(
+            pid=args.pid,
+            listen=args.listen,
+            hz=args.hz,
+            collectors=args.collectors,
+            top=args.top,
+            max_labels=args.max_labels,
+            min_interval=args.min_interval,
+            quiet=args.quiet,
+        )
+    )

@@ -1,0 +1,78 @@
+"""`kvprof top`: the live terminal UI (-p PID, --demo, or --replay FILE)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvprof.commands import number
+from kvprof.commands.record import _collectors, _pid
+
+EXAMPLES = """\
+examples:
+  kvprof top -p $(pgrep -x kvcached)   # attach to a running server (root)
+  kvprof top --demo                    # kvcached (baseline, 2 workers), attach, then kvload
+  kvprof top --replay base.json.gz     # a recorded profile, no root needed
+  kvprof top -p 1234 --hz 199 -i 2     # sample faster, refresh every 2 s
+
+keys: 1-6 views, q quit, p pause, ? help, / filter, s save a profile,
+f flame graph (SVG), r reset counters, arrows and Enter to navigate.
+"""
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser(
+        "top",
+        help="live terminal UI: findings, stacks, locks, cache lines, threads, requests",
+        description=(
+            "Attach kvprof's collectors to a running process and show, refreshed every\n"
+            "--interval, where it loses throughput: the contention spots ranked by cost\n"
+            "(known ones marked, each with why and the fix), hot functions, contended\n"
+            "locks, bouncing cache lines with the socket x socket matrix, threads and\n"
+            "request latency. Needs root, except --replay. Everything is detached on\n"
+            "exit, on SIGTERM, and when the target exits (its last data stays on screen)."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("-p", "--pid", type=_pid, help="the process to watch")
+    what.add_argument(
+        "--demo", action="store_true", help="start kvcached (baseline preset) and kvload, watch it, stop both"
+    )
+    what.add_argument("--replay", type=Path, metavar="FILE", help="show a profile written by record or `s`")
+    p.add_argument("--hz", type=number(int, 1, 10000), default=99, help="on-CPU sampling rate (default: 99)")
+    p.add_argument(
+        "-i",
+        "--interval",
+        type=number(float, lo=0.2),
+        default=1.0,
+        metavar="SEC",
+        help="seconds between refreshes (default: %(default)s)",
+    )
+    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
+    p.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="where `s` and `f` write their files (default: the current directory)",
+    )
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvprof.tui.run import TopOptions, main
+
+    return main(
+        TopOptions(
+            pid=args.pid,
+            demo=args.demo,
+            replay=args.replay,
+            hz=args.hz,
+            interval=args.interval,
+            collectors=args.collectors,
+            output_dir=args.output_dir,
+        )
+    )

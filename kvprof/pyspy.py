@@ -1,0 +1,648 @@
+"""Python-level stacks from py-spy, for CPython targets (DESIGN.md: "For a Python
+process it can take Python-level stacks from py-spy").
+
+BPF sees a CPython process as `_PyEval_EvalFrameDefault` all the way down;
+py-spy reads the interpreter's own frames from outside the process, so the
+frames are Python functions with file:line. py-spy is a subprocess here, not
+a library, and it stays out of the BPF collectors' way: `kvprof record`
+runs it for the on-CPU stacks while the BPF collectors take off-CPU and
+futex waits (and the kvs probes, should the target carry them).
+
+- `PySpyRecorder`: `py-spy record --format raw --nonblocking --threads` for a
+  recording window (stopped with SIGINT, as Ctrl-C would, so it writes what it
+  has); `contribute(profile)` puts its stacks in `profile.oncpu`, per thread,
+  and says in `status.collectors["oncpu"]` that py-spy produced them, with the
+  share of samples py-spy failed to take (`pyspy.samples`, `pyspy.errors`).
+- `DumpSampler`: `py-spy dump --json` in a loop, for a live view (`kvprof
+  top`): the same collector-like interface, cumulative stacks.
+
+--nonblocking: py-spy does not pause the target to read it, so a sample may
+catch a stack mid-change and fail (an error) or be slightly off; pausing would
+cost the target a stop per sample per thread. py-spy cannot unwind native
+frames without stopping the target, so `--native` samples it paused (the
+cost `native` buys; `_sampling_flags`). py-spy does not say on which CPU
+a sample ran: the sockets of a thread's samples are split in proportion to
+the CPUs /proc shows it on, read a few times a second (`SocketTally`).
+
+py-spy's failures (no permission, not a CPython process, an unsupported
+Python, a failed native merge) become a PySpyError whose message is one line
+that says what to do.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import functools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprof.collect import CollectError
+from kvprof.model.profile import CpuStack, Profile, ThreadInfo
+from kvprof.model.topology import Topology
+
+# what the process's executable or libraries look like when it is CPython
+_PYTHON_EXE = re.compile(r"^python(\d+(\.\d+)?)?[dmu]*$")
+_LIBPYTHON = re.compile(r"/libpython(\d+\.\d+)[dmu]*\.so")
+_RAW_THREAD = re.compile(r"^thread \((?P<id>0x[0-9A-Fa-f]+|\d+)\)(?:: (?P<name>.*))?$")
+_SUMMARY = re.compile(r"Samples: (\d+) Errors: (\d+)")
+_STARTED = "Sampling process"
+WARN_ERROR_RATE = 0.01  # above this share of failed samples, the profile says so
+
+
+class PySpyError(CollectError):
+    """py-spy cannot profile the target; the message is one line that says what to do.
+    A CollectError: py-spy stands in for the on-CPU collector."""
+
+
+def binary() -> str:
+    """The py-spy executable: on PATH, or next to this Python (a venv's bin/)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    raise PySpyError(
+        "py-spy is not installed: `pip install py-spy` (a kvprof dependency; scripts/provision.sh)"
+    )
+
+
+@functools.cache
+def version() -> str:
+    """py-spy's version ("0.4.3"), or "" when it cannot say."""
+    try:
+        out = subprocess.run([binary(), "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError, PySpyError):
+        return ""
+    return out.split()[-1] if out.split() else ""
+
+
+def python_version(pid: int) -> str | None:
+    """The CPython version a process runs ("3.11", or "" when only the name says
+    python), or None when it does not look like CPython: the executable is
+    named python*, or a libpython is mapped (an embedded interpreter)."""
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return None
+    exe = exe.removesuffix(" (deleted)")
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            lib = _LIBPYTHON.search(f.read())
+    except OSError:
+        lib = None
+    if lib is not None:
+        return lib.group(1)
+    m = _PYTHON_EXE.match(exe)
+    if m is None:
+        return None
+    return m.group(1) if m.group(1) and "." in m.group(1) else ""
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def explain(output: str, pid: int, native: bool = False) -> str:
+    """py-spy's error output as one line that says what to do."""
+    text = output.strip()
+    comm = _comm(pid)
+    who = f"PID {pid} ({comm})" if comm else f"PID {pid}"
+    lowered = text.lower()
+    first = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Error:")),
+        text.splitlines()[0] if text else "no output",
+    )
+    if "permission denied" in lowered or "operation not permitted" in lowered:
+        return (
+            f"py-spy may not read {who}'s memory (permission denied): run kvprof as root (sudo), "
+            "or as the user who owns the process with kernel.yama.ptrace_scope=0"
+        )
+    if "failed to get process executable name" in lowered or "no such process" in lowered:
+        return f"no process with PID {pid} (it exited?)"
+    if "failed to find python version" in lowered or "failed to find a python interpreter" in lowered:
+        return (
+            f"{who} is not a CPython process py-spy can read ({first}): "
+            "drop --python to take its stacks with BPF"
+        )
+    if "unsupported" in lowered and "python" in lowered:
+        return f"py-spy cannot read the Python in {who} ({first}): upgrade py-spy (`pip install -U py-spy`)"
+    if native and ("native" in lowered or "unwind" in lowered):
+        return f"py-spy could not merge native frames for {who} ({first}): drop --native"
+    return f"py-spy failed on {who}: {first}"
+
+
+def _sampling_flags(native: bool) -> list[str]:
+    # py-spy refuses --native with --nonblocking: native unwinding needs the threads stopped
+    return ["--native"] if native else ["--nonblocking"]
+
+
+def _dump(pid: int, native: bool, timeout: float, *flags: str) -> str:
+    """`py-spy dump` of `pid`: its stdout, or PySpyError with the fix."""
+    argv = [binary(), "dump", *_sampling_flags(native), *flags, "-p", str(pid)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PySpyError(f"py-spy did not read PID {pid} within {timeout:g} s: try again") from None
+    if done.returncode != 0:
+        raise PySpyError(explain(done.stderr + done.stdout, pid, native))
+    return done.stdout
+
+
+def check(pid: int, native: bool = False, timeout: float = 20.0) -> str:
+    """Reads the target's stacks once (`py-spy dump`); returns its Python line
+    ("Python v3.11.2 (/usr/bin/python3.11)"), PySpyError when py-spy cannot."""
+    out = _dump(pid, native, timeout)
+    return next((ln.strip() for ln in out.splitlines() if ln.startswith("Python v")), "")
+
+
+# ---- where threads run --------------------------------------------------------------------
+
+
+def thread_cpus(pid: int) -> dict[int, int]:
+    """tid -> the CPU each thread of `pid` last ran on (/proc/PID/task/TID/stat, field 39)."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = int(fields[36])  # fields[0] is field 3 (state)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+class SocketTally:
+    """Counts, a few times a second, on which socket each thread of `pid` is."""
+
+    def __init__(self, pid: int, topology: Topology, interval: float = 0.2) -> None:
+        self.pid, self.topology, self.interval = pid, topology, interval
+        self.seen: dict[int, Counter[int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        for tid, cpu in thread_cpus(self.pid).items():
+            try:
+                socket = self.topology.socket_of(cpu)
+            except (KeyError, IndexError, ValueError):
+                continue
+            self.seen.setdefault(tid, Counter())[socket] += 1
+
+    def start(self) -> None:
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="kvprof-sockets", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def split(self, tid: int, samples: int) -> dict[str, int]:
+        """`samples` of thread `tid` by socket, in proportion to where it was seen."""
+        seen = self.seen.get(tid)
+        if not seen or samples <= 0:
+            return {}
+        total = sum(seen.values())
+        shares = {s: samples * n / total for s, n in seen.items()}
+        out = {s: math.floor(v) for s, v in shares.items()}
+        # largest remainders get the samples the floors left over
+        for s in sorted(shares, key=lambda s: (out[s] - shares[s], s))[: samples - sum(out.values())]:
+            out[s] += 1
+        return {str(s): n for s, n in sorted(out.items()) if n}
+
+
+# ---- py-spy's raw output -------------------------------------------------------------------
+
+
+@dataclass
+class Stacks:
+    """Python stacks by thread, as py-spy gave them."""
+
+    stacks: list[CpuStack] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)  # tid -> thread name
+
+
+def parse_raw(text: str) -> Stacks:
+    """py-spy's `--format raw --threads` output: `thread (TID): NAME;frame;... COUNT`.
+
+    A thread py-spy could not match to an OS thread is named by its
+    pthread id (`thread (0x7F...)`); it keeps that number as its id."""
+    out = Stacks()
+    merged: dict[tuple[int, tuple[str, ...]], int] = {}
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        m = _RAW_THREAD.match(frames[0])
+        tid = 0
+        if m is not None:
+            frames = frames[1:]
+            tid = int(m["id"], 0)
+            if m["name"]:
+                out.names[tid] = m["name"]
+        key = (tid, tuple(frames))
+        merged[key] = merged.get(key, 0) + int(count)
+    out.stacks = [CpuStack(tid=tid, frames=list(frames), count=n) for (tid, frames), n in merged.items()]
+    return out
+
+
+def _fill(
+    profile: Profile,
+    stacks: Stacks,
+    tally: SocketTally | None,
+    what: str,
+    samples: int,
+    errors: int,
+    hz: int,
+    failed: str = "",
+) -> None:
+    """Puts py-spy's stacks into `profile` as its on-CPU section and says so in
+    status.collectors["oncpu"]: "ok (`what`; N of M samples failed (x %))"."""
+    profile.oncpu = [CpuStack(s.tid, list(s.frames), s.count) for s in stacks.stacks]
+    per_thread: Counter[int] = Counter()
+    for s in stacks.stacks:
+        per_thread[s.tid] += s.count
+    for tid, n in per_thread.items():
+        info = profile.threads.setdefault(str(tid), ThreadInfo())
+        info.name = stacks.names.get(tid) or info.name  # the Python name (`client-1`) over the OS one
+        info.cpu_samples = n
+        info.sockets = tally.split(tid, n) if tally is not None else {}
+    if "oncpu" not in profile.collectors:
+        profile.collectors.insert(0, "oncpu")
+    profile.hz = hz
+    total = samples + errors
+    rate = errors / total if total else 0.0
+    detail = f"; {errors:,} of {total:,} samples failed ({rate:.1%})" if errors else ""
+    profile.status.collectors["oncpu"] = f"failed: {failed}" if failed else f"ok ({what}{detail})"
+    profile.status.counters["pyspy.samples"] = samples
+    profile.status.counters["pyspy.errors"] = errors
+    if rate > WARN_ERROR_RATE:
+        profile.status.warnings.append(
+            f"py-spy: {errors:,} of {total:,} samples failed ({rate:.1%}): the target's stacks changed "
+            "while being read (--nonblocking); a lower --hz gives fewer"
+        )
+
+
+def _die_with_parent() -> None:
+    # py-spy is stopped by SIGINT so that it writes its output; if kvprof dies
+    # without stopping it, the kernel sends it the same
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGINT, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+class PySpyRecorder:
+    """`py-spy record` over a recording window, as kvprof record's on-CPU source.
+
+    spy = PySpyRecorder(pid, hz=99)
+    spy.check()          # PySpyError now rather than after the BPF compile
+    spy.start()          # sampling from here
+    ...
+    spy.stop()
+    spy.contribute(profile)
+    """
+
+    name = "oncpu"
+
+    def __init__(
+        self,
+        pid: int,
+        hz: int = 99,
+        native: bool = False,
+        topology: Topology | None = None,
+        bpf_collectors: tuple[str, ...] = (),
+    ) -> None:
+        self.pid, self.hz, self.native = pid, hz, native
+        self.topology = topology or Topology.read()
+        self.bpf_collectors = bpf_collectors  # what BPF still collects next to it
+        self.python = ""  # "Python v3.11.2 (...)", from check()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._tally = SocketTally(pid, self.topology)
+        self._result: tuple[Stacks, int, int] | None = None
+        self.error = ""
+
+    @property
+    def _out(self) -> Path:
+        assert self._dir is not None
+        return Path(self._dir.name) / "pyspy.raw"
+
+    @property
+    def _log(self) -> Path:
+        assert self._dir is not None
+        return Path(self._dir.name) / "pyspy.log"
+
+    def applies(self) -> str | None:
+        return None if python_version(self.pid) is not None else "not a CPython process"
+
+    def check(self) -> str:
+        self.python = check(self.pid, self.native)
+        return self.python
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Starts sampling; returns once py-spy samples, PySpyError if it cannot."""
+        self._dir = tempfile.TemporaryDirectory(prefix="kvprof-pyspy-")
+        # --function: a frame is a function (at its first line), not a line of it, as
+        # every other frame in kvprof is; flame graphs and findings then count it once
+        argv = [
+            binary(),
+            "record",
+            "--format",
+            "raw",
+            *_sampling_flags(self.native),
+            "--threads",
+            "--function",
+        ]
+        argv += ["-r", str(self.hz), "-d", "unlimited", "-p", str(self.pid), "-o", str(self._out)]
+        with open(self._log, "wb") as log:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
+            )
+        deadline = time.monotonic() + timeout
+        while _STARTED not in self._log.read_text(errors="replace"):
+            if self._proc.poll() is not None:
+                message = explain(self._log.read_text(errors="replace"), self.pid, self.native)
+                self.close()
+                raise PySpyError(message)
+            if time.monotonic() > deadline:
+                self.close()
+                raise PySpyError(f"py-spy did not start sampling PID {self.pid} within {timeout:g} s")
+            time.sleep(0.02)
+        self._tally.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stops sampling and reads what py-spy wrote; idempotent."""
+        proc = self._proc
+        if proc is None or self._result is not None:
+            return
+        self._tally.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C: py-spy writes its file and exits
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log = self._log.read_text(errors="replace")
+        summary = _SUMMARY.search(log)
+        try:
+            stacks = parse_raw(self._out.read_text(errors="replace"))
+        except FileNotFoundError:
+            stacks = Stacks()
+            self.error = explain(log, self.pid, self.native) if "Error" in log else "py-spy wrote no stacks"
+        samples = int(summary.group(1)) if summary else sum(s.count for s in stacks.stacks)
+        errors = int(summary.group(2)) if summary else 0
+        self._result = (stacks, samples, errors)
+
+    def contribute(self, profile: Profile) -> None:
+        """Puts the Python stacks in `profile.oncpu` (call after stop())."""
+        if self._result is None:
+            return
+        stacks, samples, errors = self._result
+        native = ", native frames merged" if self.native else ""
+        what = f"py-spy {version() or '?'}: Python stacks{native}"
+        _fill(profile, stacks, self._tally, what, samples, errors, self.hz, self.error)
+
+    def close(self) -> None:
+        """Stops py-spy if it runs and removes its files; idempotent."""
+        self._tally.stop()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def for_record(opts: Any) -> PySpyRecorder | None:
+    """The py-spy source of `kvprof record` (RecordOptions `opts`), checked, or None
+    when py-spy is not wanted: `opts.python` True (--python), False (--no-python)
+    or None (when the target is CPython). PySpyError when it is wanted and cannot run."""
+    from kvprof.collect.session import ALL_COLLECTORS
+
+    wanted = opts.python if opts.python is not None else python_version(opts.pid) is not None
+    if opts.python and opts.backend != "bpf":
+        raise PySpyError(f"--python and --backend {opts.backend} both take the on-CPU stacks: choose one")
+    if not wanted or opts.backend != "bpf":
+        return None
+    asked = tuple(opts.collectors) or ALL_COLLECTORS
+    if "oncpu" not in asked:  # nothing on-CPU was asked for: BPF does the rest
+        return None
+    bpf = tuple(c for c in asked if c != "oncpu")
+    spy = PySpyRecorder(opts.pid, opts.hz, opts.native, bpf_collectors=bpf)
+    spy.check()
+    if not opts.quiet:
+        rest = f"; {', '.join(bpf)} from BPF" if bpf else ""
+        print(f"  Python stacks from py-spy ({spy.python or 'CPython'}){rest}", file=sys.stderr)
+    return spy
+
+
+def record_alone(spy: PySpyRecorder, duration: float | None, quiet: bool = False) -> Profile:
+    """A recording with py-spy only (`--collectors oncpu` on a CPython target): no BPF, no root."""
+    import platform
+
+    from kvprof.collect.session import alive, describe_target
+    from kvprof.model.profile import Host, Window
+
+    target = describe_target(spy.pid)
+    if not quiet:
+        how_long = "until Ctrl-C" if duration is None else f"for {duration:g} s"
+        print(
+            f"Profiling {target.comm} PID {target.pid} {how_long} at {spy.hz} Hz with py-spy...",
+            file=sys.stderr,
+        )
+    spy.start()
+    start, t0 = time.time(), time.monotonic()
+    stopped_early = ""
+    try:
+        while duration is None or time.monotonic() - t0 < duration:
+            if not alive(spy.pid):
+                stopped_early = f"the target (PID {spy.pid}) exited after {time.monotonic() - t0:.1f} s"
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        stopped_early = "interrupted"
+    finally:
+        spy.stop()
+    profile = Profile(
+        target=target,
+        host=Host(kernel=platform.release(), cpus=os.cpu_count() or 0, topology=spy.topology.to_dict()),
+        window=Window(start=start, duration_s=round(time.monotonic() - t0, 3)),
+    )
+    spy.contribute(profile)
+    spy.close()
+    if stopped_early.startswith("the target"):
+        profile.status.partial, profile.status.reason = True, stopped_early
+    elif stopped_early:
+        profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
+    return profile
+
+
+# ---- a live source: `py-spy dump` in a loop ------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _functions(path: str) -> tuple[tuple[int, int, int], ...]:
+    """(first line, last line, the line py-spy --function names it by) of every function in a file."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    return tuple(
+        (
+            node.lineno,
+            node.end_lineno or node.lineno,
+            min([node.lineno, *(d.lineno for d in node.decorator_list)]),
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+
+
+def first_line(path: str, line: int) -> int:
+    """The first line of the function that `line` of `path` is in (its code object's
+    co_firstlineno, as `py-spy record --function` gives it); 1 for module-level code,
+    `line` itself when the file cannot be read."""
+    if line <= 0 or not path:
+        return line
+    functions = _functions(path)
+    if not functions:
+        return line
+    inside = [f for f in functions if f[0] <= line <= f[1]]
+    return max(inside)[2] if inside else 1
+
+
+@dataclass
+class DumpThread:
+    """One thread's stack in one `py-spy dump --json`."""
+
+    tid: int
+    name: str
+    active: bool
+    frames: list[str]  # root first, `name (file:first line)` as `py-spy record --function` writes them
+
+
+def dump(pid: int, native: bool = False, timeout: float = 10.0) -> list[DumpThread]:
+    """Every thread's Python stack right now (`py-spy dump --json`, --nonblocking unless native)."""
+    out = _dump(pid, native, timeout, "--json")
+    try:
+        traces = json.loads(out)
+    except json.JSONDecodeError:
+        raise PySpyError(f"py-spy's dump of PID {pid} is not JSON: {out[:80]!r}") from None
+    threads = []
+    for t in traces:
+        frames = [
+            f"{f.get('name', '?')} ({f.get('short_filename') or f.get('filename', '?')}:"
+            f"{first_line(f.get('filename', ''), int(f.get('line') or 0))})"
+            for f in reversed(t.get("frames", []))
+        ]
+        tid = t.get("os_thread_id") or t.get("thread_id") or 0
+        threads.append(DumpThread(int(tid), t.get("thread_name") or "", bool(t.get("active")), frames))
+    return threads
+
+
+class DumpSampler:
+    """Cumulative Python stacks from `py-spy dump` every `interval` seconds, in a
+    thread of its own, behind the collector interface (name, applies, start,
+    contribute, close): a live view such as `kvprof top` calls contribute() on
+    each snapshot of its BPF session to show Python frames as the on-CPU section.
+
+    Each dump starts a py-spy process (tens of ms of CPU), so the interval is
+    coarse; idle threads are left out as `py-spy record` leaves them out."""
+
+    name = "oncpu"
+
+    def __init__(
+        self, pid: int, interval: float = 0.2, native: bool = False, topology: Topology | None = None
+    ) -> None:
+        self.pid, self.interval, self.native = pid, interval, native
+        self.topology = topology or Topology.read()
+        self.counts: Counter[tuple[int, tuple[str, ...]]] = Counter()
+        self.names: dict[int, str] = {}
+        self.samples = 0
+        self.errors = 0
+        self.error = ""  # the last failure, one line
+        self._tally = SocketTally(pid, self.topology, interval=interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def applies(self) -> str | None:
+        return None if python_version(self.pid) is not None else "not a CPython process"
+
+    def start(self) -> None:
+        dump(self.pid, self.native)  # PySpyError now, in the caller, rather than in the thread
+        self._thread = threading.Thread(target=self._run, name="kvprof-pyspy-dump", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        """One dump, added to the counts."""
+        try:
+            threads = dump(self.pid, self.native)
+        except PySpyError as e:
+            with self._lock:
+                self.errors += 1
+                self.error = str(e)
+            return
+        self._tally.tick()
+        with self._lock:
+            self.samples += 1
+            for t in threads:
+                if t.name:
+                    self.names[t.tid] = t.name
+                if t.active and t.frames:
+                    self.counts[(t.tid, tuple(t.frames))] += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.sample()
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+
+    def contribute(self, profile: Profile) -> None:
+        with self._lock:
+            stacks = Stacks(
+                [CpuStack(tid, list(frames), n) for (tid, frames), n in self.counts.items()], dict(self.names)
+            )
+            samples, errors = self.samples, self.errors
+        hz = max(1, round(1 / self.interval))
+        _fill(profile, stacks, self._tally, "py-spy dump: Python stacks", samples, errors, hz)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(15)

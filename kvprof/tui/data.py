@@ -1,0 +1,669 @@
+"""What each view of `kvprof top` shows, as plain dataclasses (no textual here).
+
+A source hands over Samples: the session's cumulative Profile so far (None
+until the first collectors are attached) and the target's own `stats`. The
+Timeline keeps the last few samples and the base that `r` moves;
+`build_frame` turns them into a Frame, in the refresh worker, so that the UI
+thread only draws. The row functions below are pure functions of a Frame.
+
+Three windows, all deltas of cumulative snapshots (kvprof.model.delta):
+
+- interval: between the last two samples (the Stacks view's "now");
+- recent:   the last RECENT_SAMPLES samples, a few seconds: findings, locks,
+            cache lines, threads and requests rank steadily on it and still
+            follow a change (flip the server's preset, and they move);
+- total:    since the session started or `r` was pressed (what `s` saves).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from kvprof.analysis.findings import call_site, find, summary
+from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
+from kvprof.model.delta import _hist_quantile, delta
+from kvprof.model.profile import Finding, Profile, Window
+from kvprof.report import sample_rate, socket_matrix
+
+RECENT_SAMPLES = 5  # intervals the findings and rate tables look back over
+OPS_HISTORY = 240  # sparkline points kept
+DROP_COUNTERS = ("lost", "map_full", "stack_errors")
+
+# view id -> the collector it needs
+VIEW_COLLECTOR = {
+    "stacks": "oncpu",
+    "locks": "locks",
+    "lines": "cachelines",
+    "requests": "requests",
+}
+VIEW_NAMES = {"stacks": "stacks", "locks": "lock", "lines": "cache-line", "requests": "request"}
+KVS_COLLECTORS = ("locks", "cachelines", "requests")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of a source."""
+
+    at: float  # seconds since the source started
+    profile: Profile | None  # cumulative since the session's window started; None before attach
+    stats: dict[str, str] | None = None  # the target's `stats`, when it answers
+    alive: bool = True
+    states: dict[str, str] = field(default_factory=dict)  # collector -> "ok", "attaching", why not
+
+
+def since(new: Profile, old: Profile | None) -> Profile:
+    """`new` minus `old` with its own window (delta() keeps the cumulative one)."""
+    if old is None:
+        return new
+    d = delta(new, old)
+    d.window = Window(
+        start=new.window.start + old.window.duration_s,
+        duration_s=max(0.0, round(new.window.duration_s - old.window.duration_s, 3)),
+    )
+    return d
+
+
+def _ops(stats: dict[str, str]) -> int | None:
+    try:
+        return int(stats["cmd_get"]) + int(stats["cmd_set"])
+    except (KeyError, ValueError):
+        return None
+
+
+class Timeline:
+    """The samples a live view needs: the last few, the base of `r`, ops/s history."""
+
+    def __init__(self, recent: int = RECENT_SAMPLES, history: int = OPS_HISTORY) -> None:
+        self.samples: deque[Sample] = deque(maxlen=recent + 1)  # those with a profile
+        self.base: Sample | None = None  # `r` was pressed here; None: the session's start
+        self.latest: Sample | None = None
+        self.ops: deque[float] = deque(maxlen=history)
+        self.ops_per_s: float | None = None
+        self.first_stats: dict[str, str] | None = None
+        self.last_stats: dict[str, str] | None = None  # kept once the target stops answering
+        self._stats_at: tuple[float, int] | None = None
+        self.ended_at: float | None = None  # when the target was seen gone
+
+    def add(self, s: Sample) -> None:
+        if s.stats is not None:
+            self.last_stats = s.stats
+            if self.first_stats is None:
+                self.first_stats = s.stats
+            ops = _ops(s.stats)
+            if ops is not None:
+                if self._stats_at is not None and s.at > self._stats_at[0]:
+                    self.ops_per_s = max(0.0, (ops - self._stats_at[1]) / (s.at - self._stats_at[0]))
+                    self.ops.append(self.ops_per_s)
+                self._stats_at = (s.at, ops)
+        if not s.alive and self.ended_at is None:
+            self.ended_at = s.at
+        self.latest = s
+        if s.profile is not None:
+            self.samples.append(s)
+
+    def reset(self) -> None:
+        """Count from now: the total window and the findings start again."""
+        if self.samples:
+            self.base = self.samples[-1]
+            self.samples.clear()
+            self.samples.append(self.base)
+        if self.latest is not None and self.latest.stats is not None:
+            self.first_stats = self.latest.stats
+
+    def _base_profile(self) -> Profile | None:
+        return self.base.profile if self.base is not None else None
+
+    def windows(self) -> tuple[Profile, Profile, Profile] | None:
+        """(interval, recent, total), or None before the first profile."""
+        if not self.samples:
+            return None
+        last = self.samples[-1].profile
+        assert last is not None
+        base = self._base_profile()
+        if len(self.samples) >= 2:
+            prev, first = self.samples[-2].profile, self.samples[0].profile
+        else:
+            prev = first = base
+        return since(last, prev), since(last, first), since(last, base)
+
+
+# ---- the frame ------------------------------------------------------------------
+
+
+@dataclass
+class StatusInfo:
+    hz: int = 0
+    drops: int = 0
+    collectors: dict[str, str] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # view -> one line why
+    warnings: list[str] = field(default_factory=list)
+    ended: str = ""  # banner text once the target is gone
+
+
+@dataclass
+class Frame:
+    """Everything one refresh shows."""
+
+    title: str  # "kvcached PID 1234"
+    command: str
+    source: str  # "live" or "replay of FILE"
+    elapsed_s: float  # since the source started
+    uptime_s: int | None  # the target's own uptime, when its stats answer
+    ops_per_s: float | None
+    ops_history: list[float]
+    interval: Profile | None
+    recent: Profile | None
+    total: Profile | None
+    findings: list[Finding]
+    status: StatusInfo
+    kvs_probes: bool = False
+
+
+def _drops(profile: Profile) -> int:
+    return sum(v for k, v in profile.status.counters.items() if k.endswith(DROP_COUNTERS) and v > 0)
+
+
+def _unavailable(states: dict[str, str], kvs: bool, seen: bool) -> dict[str, str]:
+    out = {}
+    for view, name in VIEW_COLLECTOR.items():
+        state = states.get(name)
+        label = VIEW_NAMES[view]
+        if state == "ok":
+            continue
+        if state is None and seen:
+            out[view] = f"{name} not collected: {label} view unavailable"
+        elif state is None or state == "attaching":
+            out[view] = f"attaching {name} (compiling its BPF program)…"
+        elif name in KVS_COLLECTORS and not kvs:
+            out[view] = f"no kvs probes: {label} view unavailable"
+        else:
+            out[view] = f"{name} {state}: {label} view unavailable"
+    return out
+
+
+def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
+    """The rows' inputs for the latest sample (runs in the refresh worker: findings cost ms)."""
+    latest = tl.latest
+    windows = tl.windows()
+    interval, recent, total = windows if windows is not None else (None, None, None)
+    states = dict(latest.states) if latest is not None else {}
+    status = StatusInfo()
+    kvs = False
+    if total is not None:
+        last = tl.samples[-1].profile
+        assert last is not None
+        kvs = last.target.kvs_probes
+        for name, state in last.status.collectors.items():
+            states.setdefault(name, state)
+        status.hz = last.hz
+        status.drops = _drops(last)
+        status.warnings = list(last.status.warnings)
+        if last.status.partial and last.status.reason:
+            status.warnings.insert(0, last.status.reason)
+    status.collectors = states
+    status.unavailable = _unavailable(states, kvs, seen=latest is not None and not latest.alive)
+    if tl.ended_at is not None:
+        status.ended = f"{title} exited after {tl.ended_at:.0f} s: the last data stays on screen (q quits)"
+    uptime = None
+    if tl.last_stats is not None:
+        try:
+            uptime = int(tl.last_stats["uptime"])
+        except (KeyError, ValueError):
+            uptime = None
+    return Frame(
+        title=title,
+        command=command,
+        source=source,
+        elapsed_s=latest.at if latest is not None else 0.0,
+        uptime_s=uptime,
+        ops_per_s=tl.ops_per_s,
+        ops_history=list(tl.ops),
+        interval=interval,
+        recent=recent,
+        total=total,
+        findings=find(recent) if recent is not None else [],
+        status=status,
+        kvs_probes=kvs,
+    )
+
+
+def profile_to_save(tl: Timeline) -> Profile | None:
+    """The session so far (since start or `r`) as a profile file holds it, findings included."""
+    windows = tl.windows()
+    if windows is None:
+        return None
+    total = copy.deepcopy(windows[2])
+    before, after = tl.first_stats, tl.last_stats
+    if before is not None:
+        total.server_stats["before"] = dict(before)
+    if after is not None:
+        total.server_stats["after"] = dict(after)
+    total.findings = find(total)
+    return total
+
+
+# ---- rows -----------------------------------------------------------------------
+
+
+def _dur(p: Profile) -> float:
+    return p.window.duration_s if p.window.duration_s > 0 else 0.0
+
+
+def _rate(n: float, p: Profile) -> float:
+    d = _dur(p)
+    return n / d if d else 0.0
+
+
+def pct(x: float) -> str:
+    """A share as a percentage: one decimal under 10 %."""
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
+
+
+def num(x: float) -> str:
+    """A count or rate in a few characters: 0.47, 12.3, 5,020, 12k, 1.25M."""
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.0f}k"
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if x else "0"
+
+
+@dataclass(frozen=True)
+class FindingRow:
+    id: str
+    severity: str
+    category: str
+    where: str
+    title: str
+    cost: str  # one line: "update_topkeys — topkeys mutex: 38% of 2 threads' wall time waiting"
+    hotspot: bool
+    summary: str
+    explanation: str
+    advice: str
+
+
+def cost_line(f: Finding) -> str:
+    """A finding's cost in one line, its function first."""
+    k = f.cost
+    site = f.sites[0] if f.sites else f.where
+    if f.category == "lock":
+        threads = int(k.get("threads", 0))
+        who = "1 thread's" if threads == 1 else f"{threads} threads'"
+        return (
+            f"{site} — {f.where} mutex: {pct(k.get('wait_share', 0))} of {who} wall time waiting, "
+            f"{num(k.get('waits_per_s', 0))} waits/s"
+        )
+    if f.category == "cacheline":
+        if k.get("writers", 2.0) == 1.0:
+            return f"{f.where} — per-thread counter, not shared"
+        line = (
+            f"{f.where} — shared counter: {num(k.get('transfers_per_s', 0))} line transfers/s, "
+            f"{num(k.get('cycles_mean', 0))} cycles per update"
+        )
+        if k.get("cross_socket_per_s", 0):
+            line += f", {pct(k.get('cross_socket_share', 0))} cross-socket"
+        return line
+    if f.category == "cpu":
+        return (
+            f"{f.where} — on the stack in {pct(k.get('share', 0))} of CPU samples, "
+            f"{pct(k.get('self_share', 0))} itself"
+        )
+    if f.id.startswith("futex:"):
+        return (
+            f"{f.where} — {pct(k.get('wait_share', 0))} of the waiting threads' time, "
+            f"{num(k.get('waits_per_s', 0))} waits/s"
+        )
+    return f"{f.where} — threads blocked {num(k.get('offcpu_ms_per_s', 0))} ms/s"
+
+
+def finding_rows(frame: Frame) -> list[FindingRow]:
+    return [
+        FindingRow(
+            id=f.id,
+            severity=f.severity,
+            category=f.category,
+            where=f.where,
+            title=f.title,
+            cost=cost_line(f),
+            hotspot=bool(f.hotspot),
+            summary=summary(f),
+            explanation=f.explanation,
+            advice=f.advice,
+        )
+        for f in frame.findings
+    ]
+
+
+@dataclass(frozen=True)
+class CpuBar:
+    tid: str
+    name: str
+    cpu: float  # share of one CPU
+
+
+def cpu_bars(frame: Frame) -> list[CpuBar]:
+    """CPU per thread over the recent window, busiest first."""
+    p = frame.recent
+    if p is None or p.hz <= 0 or not _dur(p):
+        return []
+    rows = [CpuBar(tid, th.name, th.cpu_samples / p.hz / _dur(p)) for tid, th in p.threads.items()]
+    return sorted((r for r in rows if r.cpu > 0), key=lambda r: (-r.cpu, r.tid))
+
+
+@dataclass(frozen=True)
+class StackRow:
+    function: str
+    self_now: float  # shares of the window's samples
+    total_now: float
+    self_all: float
+    total_all: float
+    hotspot: str  # catalog id, "" when none
+
+
+def _shares(p: Profile | None, tid: str | None) -> tuple[dict[str, int], dict[str, int], int]:
+    self_: dict[str, int] = defaultdict(int)
+    incl: dict[str, int] = defaultdict(int)
+    n = 0
+    if p is None:
+        return self_, incl, 0
+    for s in p.oncpu:
+        if tid is not None and str(s.tid) != tid:
+            continue
+        n += s.count
+        if not s.frames:
+            continue
+        self_[s.frames[-1]] += s.count
+        for f in set(s.frames):
+            incl[f] += s.count
+    return self_, incl, n
+
+
+def stack_rows(frame: Frame, tid: str | None = None, limit: int = 200) -> list[StackRow]:
+    """Functions by self share over the last interval, then since start; one thread or all."""
+    s_now, i_now, n_now = _shares(frame.interval, tid)
+    s_all, i_all, n_all = _shares(frame.total, tid)
+    rows = [
+        StackRow(
+            function=f,
+            self_now=s_now.get(f, 0) / n_now if n_now else 0.0,
+            total_now=i_now.get(f, 0) / n_now if n_now else 0.0,
+            self_all=s_all.get(f, 0) / n_all if n_all else 0.0,
+            total_all=i_all[f] / n_all if n_all else 0.0,
+            hotspot=(h.id if (h := match_function(f)) else ""),
+        )
+        for f in i_all
+    ]
+    rows.sort(key=lambda r: (-r.self_now, -r.self_all, -r.total_all, r.function))
+    return rows[:limit]
+
+
+def thread_choices(frame: Frame) -> list[tuple[str, str]]:
+    """(tid, name) of the threads with on-CPU samples since start, busiest first."""
+    p = frame.total
+    if p is None:
+        return []
+    busy = sorted(p.threads.items(), key=lambda kv: (-kv[1].cpu_samples, kv[0]))
+    return [(tid, th.name) for tid, th in busy if th.cpu_samples > 0]
+
+
+@dataclass(frozen=True)
+class LockRow:
+    lock: str
+    site: str  # "" on a lock's own row, the call site on the rows under it
+    waits_per_s: float
+    wait_ms_per_s: float
+    p99_ms: float | None  # from the lock's histogram; None on call-site rows
+    split: str  # per-thread share of the wait time
+
+
+def lock_hotspot(lock: str, site: str) -> bool:
+    """Whether a lock name (or a call site waiting on a lock) is in the hotspot catalog."""
+    return (bool(lock) and match_lock(lock) is not None) or (bool(site) and match_function(site) is not None)
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def _split(shares: dict[str, float], names: dict[str, str]) -> str:
+    total = sum(shares.values())
+    if total <= 0:
+        return ""
+    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    return "  ".join(f"{names.get(t) or t} {v / total:.0%}" for t, v in top)
+
+
+def lock_rows(frame: Frame) -> list[LockRow]:
+    """Per lock name, then per call site under it, over the recent window."""
+    p = frame.recent
+    if p is None:
+        return []
+    names = {t: th.name for t, th in p.threads.items()}
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for i, lk in enumerate(p.locks):
+        by_name[lk.name].append(i)
+    groups = []
+    for name, idx in by_name.items():
+        locks = [p.locks[i] for i in idx]
+        hist: list[int] = []
+        per_thread: dict[str, float] = defaultdict(float)
+        sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for lk in locks:
+            hist = _add(hist, lk.hist_log2_ns)
+            for tid, tw in lk.by_thread.items():
+                per_thread[tid] += tw.wait_ns
+            for st in lk.stacks:
+                acc = sites[call_site(st.frames)]
+                acc[0] += st.waits
+                acc[1] += st.wait_ns
+        waits = sum(lk.waits for lk in locks)
+        wait_ns = sum(lk.wait_ns for lk in locks)
+        head = LockRow(
+            lock=name,
+            site="",
+            waits_per_s=_rate(waits, p),
+            wait_ms_per_s=_rate(wait_ns / 1e6, p),
+            p99_ms=_hist_quantile(hist, 0.99) / 1e6 if sum(hist) else None,
+            split=_split(per_thread, names),
+        )
+        under = [
+            LockRow(name, site, _rate(w, p), _rate(ns / 1e6, p), None, "")
+            for site, (w, ns) in sorted(sites.items(), key=lambda kv: -kv[1][1])
+        ]
+        groups.append((head, under))
+    groups.sort(key=lambda g: (-g[0].wait_ms_per_s, g[0].lock))
+    return [row for head, under in groups for row in (head, *under)]
+
+
+@dataclass(frozen=True)
+class LineRow:
+    site: str
+    lines: int  # distinct cache lines the site updated
+    updates_per_s: float  # scaled by the probe's sample rate
+    cycles_mean: float
+    cycles_p99: int
+    transfers_per_s: float  # scaled
+    cross_share: float
+    writers: int
+    hotspot: str
+
+
+@dataclass(frozen=True)
+class ThreadBar:
+    tid: str
+    name: str
+    updates_per_s: float
+    transfers_per_s: float
+    cycles_mean: float
+
+
+def line_rows(frame: Frame) -> list[LineRow]:
+    """Per kvs site over the recent window, most transfers first."""
+    p = frame.recent
+    if p is None:
+        return []
+    rate = sample_rate(p, "atomic__sample")
+    by_site: dict[str, list[int]] = defaultdict(list)
+    for i, cl in enumerate(p.cachelines):
+        by_site[cl.site].append(i)
+    rows = []
+    for site, idx in by_site.items():
+        lines = [p.cachelines[i] for i in idx]
+        samples = sum(cl.samples for cl in lines)
+        if samples <= 0:
+            continue
+        hist: list[int] = []
+        for cl in lines:
+            hist = _add(hist, cl.hist_log2_cycles)
+        transfers = sum(cl.transfers for cl in lines)
+        cross = sum(cl.cross_socket_transfers for cl in lines)
+        rows.append(
+            LineRow(
+                site=site,
+                lines=len(lines),
+                updates_per_s=_rate(samples * rate, p),
+                cycles_mean=sum(cl.cycles_mean * cl.samples for cl in lines) / samples,
+                cycles_p99=_hist_quantile(hist, 0.99),
+                transfers_per_s=_rate(transfers * rate, p),
+                cross_share=cross / transfers if transfers else 0.0,
+                writers=max(len([1 for v in cl.by_thread.values() if v.samples > 0]) for cl in lines),
+                hotspot=(h.id if (h := match_function(site)) else ""),
+            )
+        )
+    rows.sort(key=lambda r: (-r.transfers_per_s, r.site))
+    return rows
+
+
+def line_threads(frame: Frame, site: str) -> list[ThreadBar]:
+    """Who updates `site`'s lines, over the recent window, most updates first."""
+    p = frame.recent
+    if p is None:
+        return []
+    rate = sample_rate(p, "atomic__sample")
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for cl in p.cachelines:
+        if cl.site != site:
+            continue
+        for tid, lt in cl.by_thread.items():
+            a = acc[tid]
+            a[0] += lt.samples
+            a[1] += lt.transfers
+            a[2] += lt.cycles_mean * lt.samples
+    rows = [
+        ThreadBar(
+            tid,
+            p.threads[tid].name if tid in p.threads else "",
+            _rate(n * rate, p),
+            _rate(t * rate, p),
+            c / n if n else 0.0,
+        )
+        for tid, (n, t, c) in acc.items()
+        if n > 0
+    ]
+    return sorted(rows, key=lambda r: (-r.updates_per_s, r.tid))
+
+
+def transfer_matrix(frame: Frame) -> list[list[float]]:
+    """Transfers per second [from socket][to socket] over the recent window."""
+    if frame.recent is None:
+        return []
+    return socket_matrix(frame.recent)
+
+
+def socket_count(frame: Frame) -> int:
+    p = frame.total
+    if p is None:
+        return 1
+    return len({place.get("socket", 0) for place in p.host.topology.values()}) or 1
+
+
+@dataclass(frozen=True)
+class ThreadRow:
+    tid: str
+    name: str
+    cpu: float  # share of one CPU
+    sockets: str
+    lock_wait: float  # share of the thread's wall time
+    offcpu: float
+    top_function: str
+    stack_quality: str
+
+
+def _quality(q: float | None) -> str:
+    if q is None:
+        return "-"
+    return "good" if q < 0.1 else f"{q:.0%} short"
+
+
+def thread_rows(frame: Frame) -> list[ThreadRow]:
+    """Every thread over the recent window, busiest first."""
+    p = frame.recent
+    if p is None:
+        return []
+    d = _dur(p)
+    leaf: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for s in p.oncpu:
+        if s.frames:
+            leaf[str(s.tid)][s.frames[-1]] += s.count
+    rows = []
+    for tid, th in p.threads.items():
+        top = max(leaf[tid].items(), key=lambda kv: (kv[1], kv[0]))[0] if leaf[tid] else ""
+        if top:
+            top = normalize(top) + (" [k]" if is_kernel(top) else "")
+        rows.append(
+            ThreadRow(
+                tid=tid,
+                name=th.name,
+                cpu=th.cpu_samples / p.hz / d if p.hz > 0 and d else 0.0,
+                sockets=",".join(s for s, n in sorted(th.sockets.items()) if n > 0) or "-",
+                lock_wait=th.lock_wait_ns / 1e9 / d if d else 0.0,
+                offcpu=th.offcpu_ns / 1e9 / d if d else 0.0,
+                top_function=top,
+                stack_quality=_quality(th.stack_quality),
+            )
+        )
+    rows.sort(key=lambda r: (-r.cpu, -r.offcpu, r.tid))
+    return rows
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    opcode: str
+    per_s: float  # over the recent window, scaled by the probe's sample rate
+    samples: int  # sampled requests since start: what the percentiles rest on
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    p999_us: float
+
+
+def request_rows(frame: Frame) -> list[RequestRow]:
+    """Latency percentiles per opcode since start (more samples), rates over the recent window."""
+    recent, total = frame.recent, frame.total
+    if recent is None or total is None:
+        return []
+    rate = sample_rate(total, "cmd__done")
+    rows = []
+    for op, r in total.requests.items():
+        h = r.hist_log2_ns
+        now = recent.requests.get(op)
+        rows.append(
+            RequestRow(
+                opcode=op,
+                per_s=_rate((now.count if now else 0) * rate, recent),
+                samples=r.count,
+                p50_us=_hist_quantile(h, 0.5) / 1e3,
+                p90_us=_hist_quantile(h, 0.9) / 1e3,
+                p99_us=_hist_quantile(h, 0.99) / 1e3,
+                p999_us=_hist_quantile(h, 0.999) / 1e3,
+            )
+        )
+    rows.sort(key=lambda r: (-r.samples, r.opcode))
+    return rows

@@ -1,0 +1,166 @@
+"""Run `kvprof top`: check what can be checked before the screen is taken, then the app.
+
+Everything that can fail with a plain message (not root, no BCC, no such
+process, an unreadable profile, kvcached not built) fails here, on the
+terminal as it is, with the command that helps; the app starts only after.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvprof.model.profile import ProfileError
+
+if TYPE_CHECKING:
+    from kvprof.tui.sources import Source
+
+LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching is not done
+DOCTOR_HINT = "`kvprof doctor` checks the kernel, BPF, headers and tracefs and says what to fix"
+
+
+@dataclass
+class TopOptions:
+    pid: int | None = None
+    demo: bool = False
+    replay: Path | None = None
+    hz: int = 99
+    interval: float = 1.0
+    collectors: tuple[str, ...] = ()
+    output_dir: Path = Path(".")
+
+
+def bpf_unavailable() -> str | None:
+    """Why live profiling cannot work here, or None."""
+    if os.geteuid() != 0:
+        return "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
+    try:
+        import bcc  # noqa: F401  (python3-bpfcc)
+    except ImportError as e:
+        return f"BCC is not importable ({e}): run scripts/provision.sh"
+    if not Path("/sys/kernel/tracing/uprobe_events").exists():
+        return "tracefs is not mounted on /sys/kernel/tracing: mount -t tracefs tracefs /sys/kernel/tracing"
+    return None
+
+
+def _fail(message: str, hint: bool = False) -> int:
+    print(f"kvprof top: {message}", file=sys.stderr)
+    if hint:
+        print(f"  {DOCTOR_HINT}", file=sys.stderr)
+    return 2
+
+
+def main(opts: TopOptions) -> int:
+    status = _main(opts)
+    if opts.replay is None:
+        # Everything is detached and every server we started is stopped by now. What is
+        # left is the interpreter's teardown, where libbcc's LLVM destructors take most
+        # of a second (measured: 0.8 s), or a compile that close() chose not to wait for
+        # (see LiveSource.close): skip both.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _main(opts: TopOptions) -> int:
+    from kvprof.tui.sources import LiveSource, ReplaySource
+
+    source: Source
+    if opts.replay is not None:
+        try:
+            source = ReplaySource(opts.replay)
+        except ProfileError as e:
+            return _fail(str(e))
+        return _run(source, opts)
+    why = bpf_unavailable()
+    if why is not None:
+        return _fail(why, hint=True)
+    if opts.demo:
+        return _demo(opts)
+    assert opts.pid is not None
+    from kvprof.collect.session import TargetGone
+
+    try:
+        source = LiveSource(opts.pid, opts.hz, opts.collectors)
+    except TargetGone as e:
+        return _fail(str(e))
+    except PermissionError:
+        return _fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
+    return _run(source, opts)
+
+
+def _demo(opts: TopOptions) -> int:
+    import threading
+
+    from kvprof import demo
+    from kvprof.target import TargetError, kvload_binary, start_kvcached
+    from kvprof.tui.sources import LiveSource
+
+    try:
+        kvload_binary()
+        server = start_kvcached(["--preset", "baseline", "-t", "2"])
+    except TargetError as e:
+        return _fail(str(e))
+    failed: list[str] = []
+    done = threading.Event()
+    source = LiveSource(server.pid, opts.hz, opts.collectors)
+    source.start()
+
+    def run_load() -> None:
+        # Compiling a BPF program takes seconds of CPU; on a small machine saturated by
+        # the load it takes twice as long. The load starts once the lock and cache-line
+        # programs are attached (or after LOAD_WAIT_S), so the spots are named sooner.
+        # This thread lives until the end: kvload dies with the thread that started it.
+        source.wait_attached(("locks", "cachelines"), LOAD_WAIT_S)
+        if done.is_set() or source.stopped():
+            return
+        try:
+            load = demo.start_load(server.address, None)
+        except (TargetError, OSError) as e:
+            failed.append(str(e))
+            return
+        done.wait()
+        load.stop()
+        load.cleanup()
+
+    loader = threading.Thread(target=run_load, name="kvprof-demo-load")
+    loader.start()
+    print(
+        f"kvprof top --demo: kvcached PID {server.pid} on {server.address} (baseline, 2 workers); "
+        f"kvload starts once the kvs probes are attached",
+        file=sys.stderr,
+    )
+    try:
+        status = _run(source, opts)
+    finally:
+        source.close()
+        done.set()
+        loader.join()
+        code = server.stop()
+        if code == 0:
+            server.log_path.unlink(missing_ok=True)
+        else:
+            print(f"kvprof top: kvcached exited with {code}; its log: {server.log_path}", file=sys.stderr)
+    if failed:
+        return _fail(f"kvload did not start: {failed[0]}")
+    return status
+
+
+def _run(source: Source, opts: TopOptions) -> int:
+    from kvprof.tui.app import TopApp
+
+    source.start()  # attaching takes seconds: begin before the screen is set up
+    app = TopApp(source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True)
+    try:
+        app.run()
+    finally:
+        app.wait_closed()
+    for path in app.written:
+        print(f"kvprof top: wrote {path}", file=sys.stderr)
+    if app.frame is not None and app.frame.status.ended:
+        print(f"kvprof top: {app.frame.status.ended.split(':', 1)[0]}", file=sys.stderr)
+    return 0

@@ -1,0 +1,511 @@
+"""The views of `kvprof top`: each panel draws a Frame's rows (kvprof.tui.data).
+
+A panel's `show(frame, needle)` is the only way data gets in; it keeps the
+highlighted row across refreshes by row key. `needle` is the `/` filter: a
+row stays when any of its text cells contains it (case-insensitive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets.data_table import RowDoesNotExist
+
+from kvprof.report import sample_rate
+from kvprof.tui import data
+from kvprof.tui.data import Frame, num, pct
+
+SEVERITY_STYLE = {"critical": "bold white on red", "warning": "bold black on yellow", "info": "dim"}
+SEVERITY_LABEL = {"critical": "CRIT", "warning": "WARN", "info": "info"}
+HOT = "bold yellow"
+EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def bar(frac: float, width: int) -> str:
+    """A horizontal bar `width` cells wide, filled to `frac` (0..1) in eighths."""
+    frac = min(max(frac, 0.0), 1.0)
+    eighths = round(frac * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (EIGHTHS[part] if part else "")
+    return text.ljust(width)
+
+
+def us(x: float) -> str:
+    return f"{x / 1e3:.1f} ms" if x >= 1e3 else f"{x:.1f} µs"
+
+
+def fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 1)] + "…"
+
+
+def matches(needle: str, cells: Iterable[object]) -> bool:
+    if not needle:
+        return True
+    n = needle.lower()
+    return any(n in str(c).lower() for c in cells)
+
+
+def fill(table: DataTable[object], rows: Sequence[tuple[str, Sequence[object]]]) -> None:
+    """Replace the table's rows, keeping the highlighted one (by key) where it still is."""
+    key = None
+    if table.row_count and table.cursor_row >= 0:
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # the cursor is past the last row
+            key = None
+    table.clear()
+    for k, cells in rows:
+        table.add_row(*cells, key=k)
+    if key is not None:
+        try:
+            table.move_cursor(row=table.get_row_index(key), animate=False, scroll=False)
+        except RowDoesNotExist:
+            pass
+
+
+def new_table(id: str, columns: Sequence[tuple[str, str]]) -> DataTable[object]:
+    t: DataTable[object] = DataTable(id=id, cursor_type="row", zebra_stripes=False)
+    for label, key in columns:
+        t.add_column(label, key=key)
+    return t
+
+
+class Note(Static):
+    """One line above a view: why it is empty, or what it shows."""
+
+    def say(self, text: str) -> None:
+        self.update(text)
+        self.display = bool(text)
+
+
+class Panel(Vertical):
+    """A view: show() draws a frame."""
+
+    view = ""
+
+    def note_for(self, frame: Frame) -> str:
+        return frame.status.unavailable.get(self.view, "")
+
+    def show(self, frame: Frame, needle: str) -> None:
+        raise NotImplementedError
+
+    def main_table(self) -> DataTable[object] | None:
+        tables = self.query(DataTable)
+        return tables.first() if tables else None
+
+
+# ---- Overview ---------------------------------------------------------------------
+
+
+def _uptime(s: int) -> str:
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+class OverviewPanel(Panel):
+    view = "overview"
+
+    def __init__(self) -> None:
+        super().__init__(id="overview-panel")
+        self.rows: dict[str, data.FindingRow] = {}
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="ov-top"):
+            yield Static(id="ov-info")
+            yield Static(id="ov-cpu")
+        yield Sparkline([], id="ov-spark")
+        yield new_table("ov-findings", [("", "sev"), ("finding — cost", "cost")])
+        with VerticalScroll(id="ov-detail-box"):
+            yield Static(id="ov-detail")
+
+    def show(self, frame: Frame, needle: str) -> None:
+        info = Text(no_wrap=True, overflow="ellipsis")
+        info.append(frame.title, "bold")
+        info.append(f"  {frame.source}\n", "dim")
+        info.append(frame.command + "\n", "dim")
+        up = _uptime(frame.uptime_s) if frame.uptime_s is not None else "-"
+        ops = "-" if frame.ops_per_s is None else f"{frame.ops_per_s:,.0f}"
+        info.append("ops/s ")
+        info.append(ops, "bold cyan")
+        info.append(f"  up {up}  profiled {frame.elapsed_s:.0f} s")
+        self.query_one("#ov-info", Static).update(info)
+
+        cpu = Text(no_wrap=True, overflow="ellipsis")
+        bars = data.cpu_bars(frame)
+        # from the terminal's width, not the widget's: that is 0 until the first layout,
+        # and what is drawn must not depend on when that happened (snapshot tests)
+        box = (self.app.size.width - 2) * 2 // 5  # #ov-cpu is 2fr of 5
+        width = max(4, min(40, box - 21))
+        shown = bars[:3]
+        for i, b in enumerate(shown):
+            cpu.append(f"{fit(b.name or b.tid, 14):<14} ")
+            cpu.append(bar(b.cpu, width), "green")
+            cpu.append(f" {b.cpu * 100:3.0f}%")
+            if i < len(shown) - 1:
+                cpu.append("\n")
+        if not bars:
+            cpu.append("CPU per thread: waiting for on-CPU samples", "dim")
+        elif len(bars) > 3:
+            cpu.append(f"  +{len(bars) - 3} (5: Threads)", "dim")
+        self.query_one("#ov-cpu", Static).update(cpu)
+        spark = self.query_one("#ov-spark", Sparkline)
+        spark.display = len(frame.ops_history) >= 2  # one point is no trend (a replay)
+        rows = 3 if self.app.size.height >= 36 else 1
+        if spark.styles.height is None or spark.styles.height.value != rows:
+            spark.styles.height = rows
+        spark.data = frame.ops_history
+
+        self.rows = {r.id: r for r in data.finding_rows(frame)}
+        table = self.query_one("#ov-findings", DataTable)
+        avail = max(20, self.app.size.width - 14)  # the severity column, padding, scrollbar
+        out = []
+        for r in self.rows.values():
+            if not matches(needle, (r.cost, r.title, r.where, r.severity)):
+                continue
+            sev = Text(SEVERITY_LABEL.get(r.severity, r.severity), SEVERITY_STYLE.get(r.severity, ""))
+            cost = Text()
+            head, sep, tail = fit(r.cost, avail).partition(" — ")
+            cost.append(("★ " if r.hotspot else "  ") + head, HOT if r.hotspot else "bold")
+            cost.append(sep + tail)
+            out.append((r.id, [sev, cost]))
+        fill(table, out)
+        self.show_detail()
+
+    def show_detail(self) -> None:
+        table = self.query_one("#ov-findings", DataTable)
+        detail = self.query_one("#ov-detail", Static)
+        if not table.row_count:
+            detail.update(
+                Text("no findings yet: they appear once the collectors have counted a while", "dim")
+            )
+            return
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:
+            return
+        r = self.rows.get(key or "")
+        if r is None:
+            return
+        t = Text()
+        t.append(r.title, "bold")
+        t.append(f"  [{r.category}]\n", "dim")
+        t.append(r.summary + "\n")
+        t.append("Why: ", "bold")
+        t.append(r.explanation + "\n")
+        t.append("Fix: ", "bold green")
+        t.append(r.advice)
+        detail.update(t)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_detail()
+
+    def selected(self) -> data.FindingRow | None:
+        table = self.query_one("#ov-findings", DataTable)
+        if not table.row_count:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+        return self.rows.get(key or "")
+
+
+# ---- Stacks -----------------------------------------------------------------------
+
+
+class StacksPanel(Panel):
+    view = "stacks"
+
+    def __init__(self) -> None:
+        super().__init__(id="stacks-panel")
+        self.tid: str | None = None  # the thread filter; None: all threads
+        self.threads: list[tuple[str, str]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Note(id="stacks-note", classes="note")
+        yield Static(id="stacks-head", classes="head")
+        yield new_table(
+            "stacks-table",
+            [
+                ("function", "function"),
+                ("self now", "self_now"),
+                ("total now", "total_now"),
+                ("self all", "self_all"),
+                ("total all", "total_all"),
+            ],
+        )
+
+    def next_thread(self) -> None:
+        """All threads, then each thread with samples, busiest first."""
+        tids = [None, *(t for t, _ in self.threads)]
+        i = tids.index(self.tid) if self.tid in tids else 0
+        self.tid = tids[(i + 1) % len(tids)]
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.query_one(Note).say(self.note_for(frame))
+        self.threads = data.thread_choices(frame)
+        names = dict(self.threads)
+        who = "all threads" if self.tid is None else f"{names.get(self.tid, '')} ({self.tid})"
+        head = Text()
+        head.append("thread: ")
+        head.append(who, "bold")
+        head.append("  (t: next thread)", "dim")
+        head.append("   share of on-CPU samples: now = last interval, all = since start", "dim")
+        self.query_one("#stacks-head", Static).update(head)
+        width = max(24, self.app.size.width - 48)
+        out = []
+        for r in data.stack_rows(frame, self.tid):
+            if not matches(needle, (r.function, r.hotspot)):
+                continue
+            name = Text(("★ " if r.hotspot else "  ") + fit(r.function, width), HOT if r.hotspot else "")
+            out.append(
+                (r.function, [name, pct(r.self_now), pct(r.total_now), pct(r.self_all), pct(r.total_all)])
+            )
+        fill(self.query_one(DataTable), out)
+
+
+# ---- Locks ------------------------------------------------------------------------
+
+
+class LocksPanel(Panel):
+    view = "locks"
+
+    def compose(self) -> ComposeResult:
+        yield Note(id="locks-note", classes="note")
+        yield Static("contended acquisitions (kvs lock probes), last few seconds", classes="head")
+        yield new_table(
+            "locks-table",
+            [
+                ("lock / call site", "lock"),
+                ("waits/s", "waits"),
+                ("wait ms/s", "wait_ms"),
+                ("p99 wait", "p99"),
+                ("wait per thread", "split"),
+            ],
+        )
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.query_one(Note).say(self.note_for(frame))
+        out = []
+        for r in data.lock_rows(frame):
+            if not matches(needle, (r.lock, r.site, r.split)):
+                continue
+            hot = data.lock_hotspot("" if r.site else r.lock, r.site)
+            if r.site:
+                label = Text("  └ " + r.site, HOT if hot else "")
+                p99 = ""
+            else:
+                label = Text(("★ " if hot else "") + r.lock, "bold " + (HOT if hot else ""))
+                p99 = "-" if r.p99_ms is None else f"{r.p99_ms:.2f} ms"
+            split = fit(r.split, max(16, self.app.size.width - 62))
+            out.append((f"{r.lock}|{r.site}", [label, num(r.waits_per_s), num(r.wait_ms_per_s), p99, split]))
+        fill(self.query_one(DataTable), out)
+
+
+# ---- Cache lines ------------------------------------------------------------------
+
+
+class LinesPanel(Panel):
+    view = "lines"
+
+    def __init__(self) -> None:
+        super().__init__(id="lines-panel")
+        self.frame: Frame | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Note(id="lines-note", classes="note")
+        yield Static(id="lines-head", classes="head")
+        yield new_table(
+            "lines-table",
+            [
+                ("site", "site"),
+                ("updates/s", "updates"),
+                ("cycles", "cycles"),
+                ("p99", "p99"),
+                ("xfers/s", "transfers"),
+                ("xfer%", "share"),
+                ("x-socket", "cross"),
+                ("writers", "writers"),
+            ],
+        )
+        with Horizontal(id="lines-bottom"):
+            yield Static(id="lines-threads")
+            yield Static(id="lines-matrix")
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.frame = frame
+        self.query_one(Note).say(self.note_for(frame))
+        rate = sample_rate(frame.recent, "atomic__sample") if frame.recent is not None else 1
+        head = "shared counters (kvs atomic__sample), last few seconds"
+        if rate > 1:
+            head += f"; sampled 1 in {rate}, rates scaled ×{rate}"
+        self.query_one("#lines-head", Static).update(Text(head, "dim"))
+        out = []
+        for r in data.line_rows(frame):
+            if not matches(needle, (r.site, r.hotspot)):
+                continue
+            share = r.transfers_per_s / r.updates_per_s if r.updates_per_s else 0.0
+            site = Text(("★ " if r.hotspot else "  ") + r.site, HOT if r.hotspot and r.writers != 1 else "")
+            out.append(
+                (
+                    r.site,
+                    [
+                        site,
+                        num(r.updates_per_s),
+                        f"{r.cycles_mean:.0f}",
+                        str(r.cycles_p99),
+                        num(r.transfers_per_s),
+                        pct(share),
+                        pct(r.cross_share),
+                        str(r.writers),
+                    ],
+                )
+            )
+        fill(self.query_one(DataTable), out)
+        self.show_bottom()
+
+    def show_bottom(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        table = self.query_one(DataTable)
+        site = ""
+        if table.row_count:
+            try:
+                site = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or ""
+            except Exception:
+                site = ""
+        threads = Text(no_wrap=True, overflow="ellipsis")
+        matrix = data.transfer_matrix(frame)
+        sockets = max(len(matrix), data.socket_count(frame))
+        if site:
+            rows = data.line_threads(frame, site)
+            threads.append(f"{site}: updates per thread\n", "bold")
+            top = max((r.updates_per_s for r in rows), default=0.0)
+            box = self.app.size.width - 2 - (2 + 8 + 9 * sockets)  # beside the matrix (matrix_text)
+            width = max(4, min(40, box - 34))
+            for r in rows[:6]:
+                threads.append(f"{fit(r.name or r.tid, 12):<12} ")
+                threads.append(bar(r.updates_per_s / top if top else 0, width), "magenta")
+                threads.append(f" {num(r.updates_per_s):>6}/s {r.cycles_mean:4.0f} cyc\n")
+        self.query_one("#lines-threads", Static).update(threads)
+        self.query_one("#lines-matrix", Static).update(matrix_text(matrix, sockets))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_bottom()
+
+
+def matrix_text(m: list[list[float]], sockets: int) -> Text:
+    """The socket x socket transfer matrix: rows are where the line was, columns where it went."""
+    t = Text(no_wrap=True)
+    t.append("transfers/s, socket → socket\n", "bold")
+    n = max(len(m), sockets, 1)
+    t.append("from\\to" + "".join(f"{j:>9}" for j in range(n)) + "\n", "dim")
+    for i in range(n):
+        t.append(f"{i:>7} ")
+        for j in range(n):
+            v = m[i][j] if i < len(m) and j < len(m[i]) else 0.0
+            cell = num(v)
+            t.append(" " * (9 - len(cell)))
+            t.append(cell, "bold red" if i != j and v else "")
+        t.append("\n")
+    if n == 1:
+        t.append("one socket: all transfers stay on it", "dim")
+    return t
+
+
+# ---- Threads ----------------------------------------------------------------------
+
+
+class ThreadsPanel(Panel):
+    view = "threads"
+
+    def compose(self) -> ComposeResult:
+        yield Note(id="threads-note", classes="note")
+        yield Static(
+            "last few seconds; % of one CPU / of the thread's wall time; Enter: its stacks", classes="head"
+        )
+        yield new_table(
+            "threads-table",
+            [
+                ("tid", "tid"),
+                ("name", "name"),
+                ("CPU", "cpu"),
+                ("sock", "sockets"),
+                ("lock", "lock"),
+                ("off-CPU", "off"),
+                ("top function", "top"),
+                ("stacks", "quality"),
+            ],
+        )
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.query_one(Note).say(self.note_for(frame))
+        out = []
+        for r in data.thread_rows(frame):
+            if not matches(needle, (r.tid, r.name, r.top_function)):
+                continue
+            out.append(
+                (
+                    r.tid,
+                    [
+                        r.tid,
+                        r.name,
+                        pct(r.cpu),
+                        r.sockets,
+                        pct(r.lock_wait),
+                        pct(r.offcpu),
+                        fit(r.top_function, max(12, self.app.size.width - 64)),
+                        r.stack_quality,
+                    ],
+                )
+            )
+        fill(self.query_one(DataTable), out)
+
+
+# ---- Requests ---------------------------------------------------------------------
+
+
+class RequestsPanel(Panel):
+    view = "requests"
+
+    def compose(self) -> ComposeResult:
+        yield Note(id="requests-note", classes="note")
+        yield Static(id="requests-head", classes="head")
+        yield new_table(
+            "requests-table",
+            [
+                ("opcode", "op"),
+                ("req/s", "rate"),
+                ("sampled", "n"),
+                ("p50", "p50"),
+                ("p90", "p90"),
+                ("p99", "p99"),
+                ("p99.9", "p999"),
+            ],
+        )
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.query_one(Note).say(self.note_for(frame))
+        rate = sample_rate(frame.total, "cmd__done") if frame.total is not None else 1
+        head = "server-side latency per opcode (kvs cmd probes), percentiles since start"
+        if rate > 1:
+            head += f"; 1 in {rate} requests sampled"
+        self.query_one("#requests-head", Static).update(Text(head, "dim"))
+        out = []
+        for r in data.request_rows(frame):
+            if not matches(needle, (r.opcode,)):
+                continue
+            out.append(
+                (
+                    r.opcode,
+                    [r.opcode, num(r.per_s), f"{r.samples:,}", us(r.p50_us), us(r.p90_us), us(r.p99_us),
+                     us(r.p999_us)],
+                )
+            )  # fmt: skip
+        fill(self.query_one(DataTable), out)

@@ -1,0 +1,225 @@
+"""py-spy as the on-CPU source for CPython targets, next to the BPF off-CPU collector.
+
+The end-to-end test runs tests/programs/pyclient.py (pymemcache against a
+real kvcached, one hot function with a distinctive name) and records it with
+`kvprof record` as a user would.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kvprof.model.profile import Profile, Target
+from kvprof.model.topology import Topology
+from kvprof.pyspy import DumpSampler, SocketTally, explain, first_line, parse_raw, python_version
+from kvprof.target import Server, die_with_parent
+
+KVPROF = [sys.executable, "-m", "kvprof.cli"]
+PYCLIENT = Path(__file__).parent / "programs" / "pyclient.py"
+HOT = "hammer_kvcached_with_gets"
+
+
+def hot_lines() -> range:
+    """The source lines of the hot function in pyclient.py."""
+    tree = ast.parse(PYCLIENT.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == HOT)
+    return range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)
+
+
+def record(pid: int, out: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    prefix = []
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        prefix = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
+    return subprocess.run(
+        [*prefix, *KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.fixture
+def pyclient() -> Iterator[Callable[[Server, float], subprocess.Popen[str]]]:
+    """Start pyclient.py against a server; every one is stopped (by PID) at teardown."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(server: Server, seconds: float) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(PYCLIENT), server.address, str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@pytest.fixture
+def idle_python() -> Iterator[subprocess.Popen[bytes]]:
+    """A CPython process owned by the test's user that sleeps; stopped at teardown."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=die_with_parent
+    )
+    yield proc
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_parse_raw_keeps_threads_and_frames() -> None:
+    """py-spy's raw `--threads` lines become per-thread stacks, root first, with thread names."""
+    text = (
+        "thread (4242): client-0;worker (pyclient.py:48);hammer (pyclient.py:38) 7\n"
+        "thread (4242): client-0;worker (pyclient.py:48);hammer (pyclient.py:38) 2\n"
+        "thread (0x7F00AA);<module> (x.py:1) 1\n"
+        "garbage\n"
+    )
+    got = parse_raw(text)
+    assert got.names == {4242: "client-0"}
+    stacks = {(s.tid, tuple(s.frames)): s.count for s in got.stacks}
+    assert stacks == {
+        (4242, ("worker (pyclient.py:48)", "hammer (pyclient.py:38)")): 9,
+        (0x7F00AA, ("<module> (x.py:1)",)): 1,
+    }
+
+
+def test_errors_become_one_line_with_the_fix() -> None:
+    """Each py-spy failure reads as one line that says what to do."""
+    pid = os.getpid()
+    cases = {
+        "Permission Denied: Try running again with elevated permissions": "run kvprof as root",
+        "Error: Failed to find python version from target process\n\nStack backtrace:\n": "drop --python",
+        "Error: Failed to get process executable name. Check that the process is running.": "no process",
+        "Error: Unsupported version of Python: 3.99.0": "pip install -U py-spy",
+    }
+    for output, fix in cases.items():
+        line = explain(output, pid)
+        assert fix in line and "\n" not in line, (output, line)
+    native = explain("Error: Failed to unwind native stack", pid, native=True)
+    assert "drop --native" in native
+
+
+def test_detects_cpython_by_executable() -> None:
+    """This interpreter is CPython; a shell's sleep is not."""
+    assert python_version(os.getpid()) is not None
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert python_version(sleeper.pid) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_socket_split_follows_where_the_thread_was_seen() -> None:
+    """A thread seen 3 times on socket 0 and once on 1 gets its samples split 3:1."""
+    tally = SocketTally(os.getpid(), Topology())
+    tally.seen[7] = Counter({0: 3, 1: 1})
+    assert tally.split(7, 100) == {"0": 75, "1": 25}
+    assert tally.split(7, 3) == {"0": 2, "1": 1}
+    assert tally.split(8, 10) == {}
+
+
+def test_first_line_is_the_functions() -> None:
+    """A line inside a function maps to its first line (as `py-spy record --function`); module code to 1."""
+    lines = hot_lines()
+    assert first_line(str(PYCLIENT), lines[-1]) == lines[0]
+    assert first_line(str(PYCLIENT), 3) == 1
+    assert first_line("/nonexistent.py", 42) == 42
+
+
+def test_dump_sampler_counts_a_busy_thread() -> None:
+    """The live source (`py-spy dump` in a loop) counts the busy thread's stack, per thread, as py-spy's."""
+    busy = "import time\nend = time.time() + 60\nwhile time.time() < end: sum(range(99))"
+    spin = subprocess.Popen([sys.executable, "-c", busy], preexec_fn=die_with_parent)
+    try:
+        time.sleep(0.3)
+        sampler = DumpSampler(spin.pid, interval=0.1)
+        assert sampler.applies() is None
+        sampler.start()
+        time.sleep(1.5)
+        sampler.close()
+    finally:
+        spin.kill()
+        spin.wait()
+    p = Profile(target=Target(pid=spin.pid))
+    sampler.contribute(p)
+    assert p.status.collectors["oncpu"].startswith("ok (py-spy dump"), p.status.collectors
+    assert sum(s.count for s in p.oncpu) > 0 and p.threads[str(spin.pid)].name == "MainThread"
+    assert all(s.frames[-1].startswith("<module> (<string>:") for s in p.oncpu), p.oncpu
+
+
+@pytest.mark.bpf
+def test_record_python_client_names_its_hot_function(
+    kvcached_factory: Callable[..., Server],
+    pyclient: Callable[[Server, float], subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    """pymemcache client: its hot function tops the Python stacks, with file:line; BPF adds off-CPU, futex."""
+    server = kvcached_factory("-t", "2")
+    client = pyclient(server, 90)
+    out = tmp_path / "py.json"
+    r = record(client.pid, out, "-d", "3")
+    client.terminate()
+    assert r.returncode == 0, r.stderr
+    p = Profile.load(out)
+    assert p.status.collectors["oncpu"].startswith("ok (py-spy"), p.status.collectors
+    assert p.status.collectors["offcpu"] == "ok", p.status.collectors
+    assert {"oncpu", "offcpu"} <= set(p.collectors)
+    assert p.status.counters["pyspy.samples"] > 0 and "pyspy.errors" in p.status.counters
+
+    self_time: Counter[str] = Counter()
+    for s in p.oncpu:
+        self_time[s.frames[-1].split(" (")[0]] += s.count
+    assert self_time.most_common(1)[0][0] == HOT, self_time.most_common(5)
+    lines = {
+        int(f.rsplit(":", 1)[1].rstrip(")"))
+        for s in p.oncpu
+        for f in s.frames
+        if f.startswith(f"{HOT} (") and "pyclient.py:" in f
+    }
+    assert lines and lines <= set(hot_lines()), (lines, hot_lines())
+
+    names = {info.name for info in p.threads.values() if info.cpu_samples}
+    assert "client-0" in names, names  # Python's thread name, from py-spy
+    assert sum(s.ns for s in p.offcpu.stacks) > 0  # waits for the server's replies
+    assert any(fw.waits for fw in p.offcpu.futex)  # the main thread's timed join
+    assert server.stats()["cmd_get"] != "0"
+
+
+def test_python_on_a_non_python_pid_is_one_line(kvcached: Server, tmp_path: Path) -> None:
+    """--python on kvcached: one readable line, exit 2, nothing written."""
+    out = tmp_path / "x.json"
+    r = record(kvcached.pid, out, "--python", "--collectors", "oncpu", "-d", "1")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a CPython process" in lines[0], r.stderr
+    assert "drop --python" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
+def test_python_without_permission_is_one_line(idle_python: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """py-spy as nobody on root's Python: one readable line naming the fix, exit 2."""
+    r = record(idle_python.pid, tmp_path / "x.json", "--python", "--collectors", "oncpu", user="nobody")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "permission denied" in lines[0] and "root" in lines[0], r.stderr
