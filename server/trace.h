@@ -16,16 +16,37 @@
 
 extern int kv_probe_sample; /* fire per-request probes for 1 request in N */
 
-/* Per-thread countdown: true on the first call and then once every
- * kv_probe_sample calls. Only called behind a probe's _ENABLED() check, so a
- * detached server never pays for it. */
+/* Per-thread xorshift64: the sampling intervals' randomness. Seeded from the
+ * thread's own TLS address, so every thread has its own sequence. */
+static __thread uint64_t sample_rng;
+
+static inline uint32_t sample_random(void)
+{
+    uint64_t x = sample_rng;
+    if (unlikely(x == 0))
+        x = (uint64_t)(uintptr_t)&sample_rng * 0x9E3779B97F4A7C15ull | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    sample_rng = x;
+    return (uint32_t)(x >> 32);
+}
+
+/* Per-thread countdown: true on the first call, then once every
+ * kv_probe_sample calls on average. The gap is drawn uniformly from
+ * 1 .. 2N-1: a fixed gap of N would alias with any workload whose pattern
+ * repeats every N requests (or a divisor of it) -- a pipelined batch of 32
+ * with one set in it, sampled 1 in 64, would see only sets or only gets.
+ * Only called behind a probe's _ENABLED() check, so a detached server never
+ * pays for it. */
 static inline int sample_tick(uint32_t *countdown)
 {
     if (likely(*countdown > 1)) {
         --*countdown;
         return 0;
     }
-    *countdown = (uint32_t)kv_probe_sample;
+    uint32_t n = (uint32_t)kv_probe_sample;
+    *countdown = n <= 1 ? 1 : 1 + sample_random() % (2 * n - 1);
     return 1;
 }
 
