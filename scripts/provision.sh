@@ -161,10 +161,27 @@ fi
 if [[ $OS_ID == debian ]]; then
     PKGS+=(chromium chromium-driver)
 fi
+# make vm-test boots a debootstrapped Debian guest under QEMU (Ubuntu needs
+# Debian's archive key for that); make vm-check runs vagrant validate, with the
+# libvirt plugin so the libvirt block is checked too, and shellcheck.
+PKGS+=(qemu-system-x86 debootstrap e2fsprogs shellcheck)
+VM_OPTIONAL=()
+if [[ $OS_ID == debian ]]; then
+    PKGS+=(vagrant vagrant-libvirt)
+else
+    PKGS+=(debian-archive-keyring)
+    VM_OPTIONAL=(vagrant vagrant-libvirt) # where the Ubuntu archive has them
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
     installed "$p" || missing+=("$p")
+done
+for p in "${VM_OPTIONAL[@]}"; do
+    if ! installed "$p"; then
+        if [[ ${#missing[@]} -gt 0 ]]; then apt_update_once; fi
+        if available "$p"; then missing+=("$p"); fi
+    fi
 done
 if [[ $OS_ID == ubuntu ]] && ! installed "linux-tools-$KREL"; then
     if [[ ${#missing[@]} -gt 0 ]]; then apt_update_once; fi
