@@ -62,11 +62,13 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
+    ap.add_argument("--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: 64)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)
         return 2
-    server = start_kvcached(["-t", "2", "--preset", "baseline"])
+    sample = ["--probe-sample", str(args.probe_sample)] if args.probe_sample else []
+    server = start_kvcached(["-t", "2", "--preset", "baseline", *sample])
     tmp = tempfile.mkdtemp(prefix="kvprof-overhead-")
     try:
         populate = [str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD]

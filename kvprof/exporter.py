@@ -71,7 +71,7 @@ class ExporterOptions:
     top: int = 20  # functions with series of their own
     max_labels: int = 64  # threads, locks, sites: the rest are `other`
     min_interval: float = 1.0  # scrapes closer than this share one reading of the maps
-    offcpu_sample: int = 16
+    offcpu_sample: int = 64
     quiet: bool = False
 
 

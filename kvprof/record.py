@@ -26,7 +26,7 @@ class RecordOptions:
     backend: str = "bpf"
     stack_storage: int = 16384
     max_entries: int = 10240
-    offcpu_sample: int = 16
+    offcpu_sample: int = 64
     interval: float = 1.0
     quiet: bool = False
     flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)

@@ -56,19 +56,22 @@ enum health {
     H_SWITCHES,          // target threads switched out
     H_STACK_ERR,         // get_stackid -EEXIST or -ENOMEM
     H_MAP_FULL,          // a key did not fit in an aggregation map
-    H_START_FULL,        // a thread's start record did not fit
+    H_START_FULL,        // a thread's record did not fit
     H_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted)
     H_FUTEX_WAITS,
     H_FUTEX_EAGAIN,      // wait calls that returned at once (the word had changed): not counted as waits
     H_COUNT,
 };
 
-struct left_t {
-    u64 ts;
+// One per target thread, only ever written by that thread (at its own
+// switch-out), so its fields are updated in place without atomics.
+struct thread_t {
+    u64 ts;        // when it last left the CPU; 0 before its first switch-out
+    u64 total_ns;  // off-CPU time of every period accounted so far
     s32 user_stack;
     s32 kernel_stack;
     u16 preempted;
-    u16 sampled;  // stacks were taken for this period
+    u16 sampled;  // stacks were taken for the period that began at ts
 };
 
 struct off_key_t {
@@ -96,9 +99,8 @@ struct futex_val_t {
 
 BPF_STACK_TRACE(stacks, STACK_STORAGE);
 BPF_PERCPU_ARRAY(last_switch, u64, 1);                   // when this CPU last switched tasks
-BPF_HASH(left, u32, struct left_t, MAX_ENTRIES);         // tid -> when and where it left the CPU
+BPF_HASH(threads, u32, struct thread_t, MAX_ENTRIES);    // tid -> when and where it left the CPU
 BPF_HASH(offcpu, struct off_key_t, u64, MAX_ENTRIES);    // -> ns of the sampled periods
-BPF_HASH(thread_ns, u32, u64, MAX_ENTRIES);              // tid -> ns of all periods
 BPF_HASH(futex_start, u32, struct futex_start_t, MAX_ENTRIES);
 BPF_HASH(futex, struct futex_key_t, struct futex_val_t, MAX_ENTRIES);
 BPF_PERCPU_ARRAY(health, u64, H_COUNT);
@@ -119,33 +121,20 @@ static __always_inline int stack_id(void *ctx, u64 flags)
     return id;
 }
 
-// The off-CPU period that ends when `tid` came back on the CPU at `on_since`.
-static __always_inline void account(u32 tid, struct left_t *l, u64 on_since)
+// The off-CPU period of `t` that ended when it came back on a CPU at `on_since`.
+static __always_inline void account(u32 tid, struct thread_t *t, u64 on_since)
 {
-    u64 delta = on_since - l->ts;
-    if (l->preempted)
+    u64 delta = on_since - t->ts;
+    t->total_ns += delta;
+    if (t->preempted)
         add_health(H_PREEMPTED_NS, delta);
-
-    u64 *total = thread_ns.lookup(&tid);
-    if (total) {
-        __sync_fetch_and_add(total, delta);
-    } else {
-        int err = thread_ns.insert(&tid, &delta);
-        if (err == -KV_EEXIST) {
-            total = thread_ns.lookup(&tid);
-            if (total)
-                __sync_fetch_and_add(total, delta);
-        } else if (err) {
-            add_health(H_MAP_FULL, 1);
-        }
-    }
-    if (!l->sampled)
+    if (!t->sampled)
         return;
 
     struct off_key_t key = {};
     key.tid = tid;
-    key.user_stack = l->user_stack;
-    key.kernel_stack = l->kernel_stack;
+    key.user_stack = t->user_stack;
+    key.kernel_stack = t->kernel_stack;
     u64 *ns = offcpu.lookup(&key);
     if (ns) {
         __sync_fetch_and_add(ns, delta);
@@ -179,20 +168,22 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 tid = (u32)id;
     add_health(H_SWITCHES, 1);
 
-    struct left_t *prev = left.lookup(&tid);
-    if (prev && on_since > prev->ts)  // 0 before this CPU's first switch since attach
-        account(tid, prev, on_since);
-
-    struct left_t l = {};
-    l.ts = now;
-    l.preempted = ctx->args[0] != 0;
-    l.sampled = STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % STACK_SAMPLE == 0;
-    if (l.sampled) {
-        l.user_stack = stack_id(ctx, BPF_F_USER_STACK);
-        l.kernel_stack = stack_id(ctx, 0);
-    }
-    if (left.update(&tid, &l))
+    struct thread_t fresh = {};
+    struct thread_t *t = threads.lookup_or_try_init(&tid, &fresh);
+    if (!t) {
         add_health(H_START_FULL, 1);
+        return 0;
+    }
+    if (t->ts && on_since > t->ts)  // on_since is 0 before this CPU's first switch since attach
+        account(tid, t, on_since);
+
+    t->ts = now;
+    t->preempted = ctx->args[0] != 0;
+    t->sampled = STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % STACK_SAMPLE == 0;
+    if (t->sampled) {
+        t->user_stack = stack_id(ctx, BPF_F_USER_STACK);
+        t->kernel_stack = stack_id(ctx, 0);
+    }
     return 0;
 }
 

@@ -39,4 +39,4 @@ class CollectOptions:
     topology: Topology = field(default_factory=Topology.read)
     stack_storage: int = 16384  # stack ids per stack map (raise if stack_errors show up)
     max_entries: int = 10240  # entries per aggregation map (raise if map_full shows up)
-    offcpu_sample: int = 16  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
+    offcpu_sample: int = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
