@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
-    ap.add_argument("--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: 64)")
+    ap.add_argument("--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: 256)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)

@@ -21,7 +21,7 @@
 
 #define EX_USAGE 64
 
-int kv_probe_sample = 64;
+int kv_probe_sample = 256;
 
 static void usage(FILE *out)
 {
@@ -40,7 +40,7 @@ static void usage(FILE *out)
             "  --topkeys M           update_topkeys: shared or per-thread\n"
             "  --item-counter M      on_create_item/on_delete_item: shared or per-thread\n"
             "  --memory-counter M    account_memory: shared or per-thread\n"
-            "  --probe-sample N      fire per-request probes for 1 request in N (default 64)\n"
+            "  --probe-sample N      fire per-request probes for 1 request in N (default 256)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
@@ -135,7 +135,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
 
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
-        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 64,
+        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 256,
         .cpu_affinity = "",
     };
     while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {

@@ -29,7 +29,7 @@ from typing import Any
 from kvprof.collect import PROBES_DIR, CollectError
 
 PROVIDER = "kvs"
-DEFAULT_PROBE_SAMPLE = 64  # kvcached's default --probe-sample
+DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample
 
 _NOTE = re.compile(r"Provider: (\S+)\s+Name: (\S+)")
 
