@@ -205,6 +205,40 @@ def test_record_python_client_names_its_hot_function(
     assert server.stats()["cmd_get"] != "0"
 
 
+@pytest.mark.bpf
+def test_top_live_source_takes_python_stacks_from_py_spy(
+    kvcached_factory: Callable[..., Server], pyclient: Callable[[Server, float], subprocess.Popen[str]]
+) -> None:
+    """`kvprof top -p PID` on a CPython process: the on-CPU view is py-spy's
+    Python stacks (the hot function on top), off-CPU comes from BPF."""
+    from kvprof.tui.sources import LiveSource
+
+    server = kvcached_factory("-t", "1")
+    client = pyclient(server, 90)
+    source = LiveSource(client.pid, collectors=("oncpu", "offcpu"))
+    source.start()
+    try:
+        assert source.wait_attached(("oncpu", "offcpu"), timeout=60), source.states
+        assert source.states["oncpu"].startswith("ok (py-spy"), source.states
+        top = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and top != HOT:
+            time.sleep(1.0)
+            (sample,) = source.poll()
+            if sample.profile is None or not sample.profile.oncpu:
+                continue
+            self_time: Counter[str] = Counter()
+            for s in sample.profile.oncpu:
+                self_time[s.frames[-1].split(" (")[0]] += s.count
+            top = self_time.most_common(1)[0][0]
+        assert top == HOT, self_time.most_common(5)
+        assert sample.profile is not None and "offcpu" in sample.profile.collectors
+    finally:
+        source.close()
+        client.terminate()
+    assert source.states["oncpu"].startswith("ok (py-spy")
+
+
 def test_python_on_a_non_python_pid_is_one_line(kvcached: Server, tmp_path: Path) -> None:
     """--python on kvcached: one readable line, exit 2, nothing written."""
     out = tmp_path / "x.json"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvprof.model.profile import Profile
 from kvprof.tui.data import Sample
@@ -114,6 +114,7 @@ class LiveSource:
         self._stats_port: tuple[str, int] | None = None
         self._closed = False
         self.compiling = ""  # the collector being compiled and attached now
+        self._spy: Any = None  # kvprof.pyspy.DumpSampler: a CPython target's on-CPU stacks
 
     # ---- attaching (a thread of its own: compiling takes seconds) -----------------
 
@@ -150,6 +151,8 @@ class LiveSource:
         order = [n for n in (KVS_ORDER if kvs else GENERIC_ORDER) if not self.wanted or n in self.wanted]
         for name in order:
             self._set(name, "attaching")
+        if "oncpu" in order and not kvs:
+            order = self._python_stacks(order)
         opts = CollectOptions(hz=self.hz)
         session: Session | None = None
         # One at a time, in this thread: BCC's compiler crashes when two threads compile
@@ -185,6 +188,24 @@ class LiveSource:
         if session is None and not self._stop.is_set():
             reasons = "; ".join(f"{n}: {s}" for n, s in self.states.items())
             self.error = f"no collector could attach: {reasons}"
+
+    def _python_stacks(self, order: list[str]) -> list[str]:
+        """A CPython target's on-CPU stacks come from `py-spy dump` (Python
+        functions, file:line) instead of BPF; the other collectors stay. Returns
+        what is left for BPF to attach."""
+        from kvprof.pyspy import DumpSampler, PySpyError, python_version
+
+        if python_version(self.pid) is None:
+            return order
+        sampler = DumpSampler(self.pid)
+        try:
+            sampler.start()
+        except PySpyError as e:
+            self._set("oncpu", f"failed: {e}")
+        else:
+            self._spy = sampler
+            self._set("oncpu", "ok (py-spy dump: Python stacks)")
+        return [n for n in order if n != "oncpu"]
 
     def stopped(self) -> bool:
         return self._stop.is_set()
@@ -222,6 +243,8 @@ class LiveSource:
                 session = self._session
                 states = dict(self.states)
             profile = session.snapshot() if session is not None else None
+            if profile is not None and self._spy is not None:
+                self._spy.contribute(profile)
             if profile is not None:
                 states.update(profile.status.collectors)
                 if not is_alive:
@@ -260,3 +283,5 @@ class LiveSource:
             session = self._session
         if session is not None:
             session.close()
+        if self._spy is not None:
+            self._spy.close()
