@@ -154,6 +154,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             file=sys.stderr,
         )
     profile: Profile | None = None
+    after: dict[str, dict[str, str]] | None = None
     interrupted = False
     try:
         if not opts.quiet:
@@ -173,19 +174,25 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             elif not opts.quiet:
                 _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
         if profile is None:
+            # The target's own counters first, then the maps, the small kvs maps
+            # first (Session reads them first): the two windows end within
+            # milliseconds, not after seconds of symbolizing stacks.
+            after = server_stats(opts.pid)
             profile = session.snapshot()
     except CollectError as e:
         raise RecordError(str(e)) from None
     except KeyboardInterrupt:
         interrupted = True
         try:
+            after = server_stats(opts.pid)
             profile = session.snapshot()
         except Exception:  # keep what the last interval gave
             pass
     finally:
         if spy is not None:
             spy.stop()  # the window BPF had, give or take py-spy's start
-        after = server_stats(opts.pid) if alive(opts.pid) else {}  # before detaching: same window
+        if after is None:
+            after = server_stats(opts.pid) if alive(opts.pid) else {}  # before detaching: same window
         session.close()
     if spy is not None:
         if profile is not None:

@@ -136,7 +136,7 @@ class Session:
         # counted meanwhile is subtracted from every snapshot, so all of them
         # cover the same window, and `record` reads the target's own stats
         # at this point for the ground truth.
-        self._base = self._read()
+        self._base = self._read(probes_first=False)
         self.started_at = time.time()
         self._t0 = time.monotonic()
 
@@ -206,7 +206,7 @@ class Session:
         raw = self._read()
         return delta(raw, self._base) if self._base is not None else raw
 
-    def _read(self) -> Profile:
+    def _read(self, probes_first: bool = True) -> Profile:
         profile = Profile(
             target=self.target,
             host=Host(
@@ -226,7 +226,12 @@ class Session:
                 warnings=list(self.status.warnings),
                 sample_rates=dict(self.status.sample_rates),
             )
-        for collector in active:
+        # The probe collectors' maps are small and read in milliseconds; the
+        # stack collectors symbolize thousands of frames. The probe maps are
+        # read right next to the moment `record` reads the target's own stats:
+        # last when the window starts (the base), first when it ends.
+        stacks_last = sorted(active, key=lambda c: c.name in ("oncpu", "offcpu"))
+        for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
         return profile
 
