@@ -33,6 +33,16 @@ class CollectError(Exception):
     """A collector could not attach; the message is one line that says what to do."""
 
 
+def missing_bcc() -> str | None:
+    """Why BCC cannot be imported here (one line with the fix), or None. For callers
+    outside this package that must check before taking the screen."""
+    try:
+        import bcc  # noqa: F401  (python3-bpfcc, seen through --system-site-packages)
+    except ImportError as e:
+        return f"BCC is not importable ({e}): run scripts/provision.sh"
+    return None
+
+
 @dataclass
 class CollectOptions:
     hz: int = 99

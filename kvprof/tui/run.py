@@ -37,10 +37,11 @@ def bpf_unavailable() -> str | None:
     """Why live profiling cannot work here, or None."""
     if os.geteuid() != 0:
         return "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
-    try:
-        import bcc  # noqa: F401  (python3-bpfcc)
-    except ImportError as e:
-        return f"BCC is not importable ({e}): run scripts/provision.sh"
+    from kvprof.collect import missing_bcc
+
+    why = missing_bcc()
+    if why is not None:
+        return why
     if not Path("/sys/kernel/tracing/uprobe_events").exists():
         return "tracefs is not mounted on /sys/kernel/tracing: mount -t tracefs tracefs /sys/kernel/tracing"
     return None
