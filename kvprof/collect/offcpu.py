@@ -1,6 +1,6 @@
 """Off-CPU time and futex waits of one process (probes/offcpu.bpf.c).
 
-`sched:sched_switch` gives the time each thread of the target spends off
+`sched_switch` (a raw tracepoint) gives the time each thread of the target spends off
 the CPU, by (tid, stack where it left; user frames then kernel frames);
 `syscalls:sys_{enter,exit}_futex` give the time spent in FUTEX_WAIT-family
 calls by (tid, futex word, user stack): the contended-mutex waits of any
