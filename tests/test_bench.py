@@ -17,7 +17,7 @@ from pathlib import Path
 import pyperf
 import pytest
 
-from kvprof.bench import atomics, results, scenarios, stats, table
+from kvprof.bench import atomics, placement, results, scenarios, stats, table
 from kvprof.bench.loadgen import parse_memcaslap
 from kvprof.bench.runner import RunResult, VariantRuns
 from kvprof.bench.variants import ClientConfig, Variant, parse_server
@@ -296,6 +296,8 @@ def _fake_results(ops: dict[str, list[float]], group: str = "2 workers") -> list
                 load_avg_1min=0.5,
                 date="2025-01-01 00:00:00",
                 argv=("kvload", "--server", "127.0.0.1:1"),
+                rt_before_ns=100.0,
+                rt_after_ns=450.0,
             )
             for x in samples
         ]
@@ -324,6 +326,8 @@ def test_pyperf_round_trip(tmp_path: Path) -> None:
     assert back[0].ops == pytest.approx((1000.0, 1010.0))
     assert back[1].p99_us == (250.0, 250.0) and back[1].client_cores == (0.4, 0.4)
     assert back[1].server_ns_per_op == pytest.approx((1.5 / 1500 * 1e9, 1.5 / 1490 * 1e9))
+    assert meta["cacheline_rt_ns_before"] == 100.0 and meta["cacheline_rt_ns_after"] == 450.0
+    assert back[1].rt_ns == (100.0, 100.0, 450.0, 450.0)
 
 
 def test_pyperf_compare_to_reads_our_files(tmp_path: Path) -> None:
@@ -375,6 +379,35 @@ def test_table_fits_80_columns() -> None:
     assert _fits(lines)
 
 
+def test_placement_line_says_when_the_host_moved_the_cpus() -> None:
+    """Round trips within 2x of each other are one placement; 100 vs 450 ns is the host moving the CPUs."""
+    assert placement.alike(100.0, 190.0) and placement.alike(450.0, 600.0)
+    assert not placement.alike(100.0, 450.0)
+    assert placement.alike(math.nan, 450.0)  # a missing reading says nothing
+    steady = results.Measured("fixed t=2", "2 workers", (1e6, 1e6), rt_ns=(440.0, 470.0, 455.0, 600.0))
+    lines = table.render_bench([steady], legend=False)
+    assert "cache-line round trip between two CPUs, before and after each run: 440-600 ns." in lines
+    moved = results.Measured("fixed t=2", "2 workers", (1e6, 1e6), rt_ns=(95.0, 470.0, 455.0, 600.0))
+    text = " ".join(table.render_bench([moved], legend=False))
+    assert "95-600 ns: the host moved the CPUs between cores that share a cache" in text
+    assert _fits(table.render_bench([moved]))
+    assert not any(
+        "round trip" in line for line in table.render_bench([results.Measured("a", "", (1.0, 1.0))])
+    )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the round-trip probe needs two CPUs")
+def test_pingpong_round_trip_is_measured() -> None:
+    """atomics --mode pingpong hands a line between two pinned threads: a round trip of tens to
+    thousands of ns (never 0 or the time slice of one shared CPU); it needs exactly two threads."""
+    value = placement.round_trip_ns(placement.probe_cpus() or (0, 1))
+    assert 10 < value < 100_000, value
+    bad = subprocess.run(
+        [str(atomics.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
+    )
+    assert bad.returncode == 64 and "pingpong: 2" in bad.stderr
+
+
 # ---------------------------------------------------------------- real runs, end to end
 
 
@@ -416,6 +449,9 @@ def test_bench_end_to_end(tmp_path: Path) -> None:
         meta = bench.get_runs()[0].get_metadata()
         assert meta["ops_per_sec"] > 0 and meta["misses"] == 0 and meta["server"] == "kvcached"
         assert bench.get_values()[0] == pytest.approx(1 / meta["ops_per_sec"])
+        if len(os.sched_getaffinity(0)) >= 2:  # the placement probe brackets every run
+            assert meta["cacheline_rt_ns_before"] > 0 and meta["cacheline_rt_ns_after"] > 0
+    assert any(line.startswith("cache-line round trip between two CPUs") for line in lines)
     pids = _started_pids(proc.stderr)
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 

@@ -83,6 +83,8 @@ def run_metadata(scenario: str, vr: VariantRuns, run: RunResult, host: Metadata)
         "other_cpu_s": run.other_cpu_s,
         "steal_s": run.steal_s,
         "redone": run.redone,
+        "cacheline_rt_ns_before": run.rt_before_ns,
+        "cacheline_rt_ns_after": run.rt_after_ns,
     }
     if v.server.kind == KVCACHED:
         meta["preset"] = v.server.label
@@ -136,6 +138,7 @@ class Measured:
     server_ns_per_op: tuple[float, ...] = ()  # server CPU time per operation of each run
     other_cores: tuple[float, ...] = ()  # CPU used by everything else during each run
     steal_cores: tuple[float, ...] = ()  # CPU the hypervisor gave other guests during each run
+    rt_ns: tuple[float, ...] = ()  # the cache-line round trips before and after each run (placement)
 
 
 def _floats(runs: Sequence[pyperf.Run], key: str, per_second: bool = False) -> tuple[float, ...]:
@@ -185,6 +188,7 @@ def measured(suite: pyperf.BenchmarkSuite) -> list[Measured]:
                 server_ns_per_op=_cpu_per_op(runs),
                 other_cores=_floats(runs, "other_cpu_s", per_second=True),
                 steal_cores=_floats(runs, "steal_s", per_second=True),
+                rt_ns=_floats(runs, "cacheline_rt_ns_before") + _floats(runs, "cacheline_rt_ns_after"),
             )
         )
     return out

@@ -39,6 +39,7 @@ from kvprof.bench.loadgen import (
     tail,
 )
 from kvprof.bench.machine import children_cpu_s, cpu_times, process_cpu_s, wait_idle
+from kvprof.bench.placement import Placement
 from kvprof.bench.variants import KVLOAD, MEMCACHED, MEMCASLAP, Plan, ServerConfig, Variant
 from kvprof.target import Server, TargetError, start_kvcached, start_memcached
 
@@ -78,6 +79,8 @@ class RunResult:
     date: str  # ISO 8601, when the run started
     argv: tuple[str, ...]
     redone: int = 0  # --wait-idle: times this run was repeated because the machine was busy
+    rt_before_ns: float = math.nan  # cache-line round trip between two CPUs right before the run
+    rt_after_ns: float = math.nan  # and right after it (kvprof.bench.placement)
 
     @property
     def noise_cores(self) -> float:
@@ -134,6 +137,7 @@ class Bench:
         if MEMCASLAP in tools and self.memcaslap is None:
             raise BenchError("memcaslap not found (package libmemcached-tools): run scripts/provision.sh")
         self.workdir = Path(tempfile.mkdtemp(prefix="kvprof-bench-"))  # memcaslap's config files
+        self.placement = Placement()
 
     def say(self, line: str) -> None:
         print(line, file=self.progress, flush=True)
@@ -196,7 +200,8 @@ class Bench:
     # runs
 
     def run_once(self, v: Variant, duration: float) -> RunResult:
-        """One timed load-generator run against variant `v`'s server."""
+        """One timed load-generator run against variant `v`'s server, between two
+        placement probes (kvprof.bench.placement)."""
         server = self.servers[v.server]
         if not server.alive():
             self.failed = True
@@ -213,6 +218,7 @@ class Bench:
             if not config.exists():
                 config.write_text(memcaslap_config(v.client))
             argv = memcaslap_argv(self.memcaslap, server.address, v.client, config, duration)
+        rt0 = self.placement.probe()
         date = datetime.datetime.now().isoformat(" ", "seconds")
         load = os.getloadavg()[0]
         machine0, server_cpu0, client_cpu0 = cpu_times(), process_cpu_s(server.pid), children_cpu_s()
@@ -230,6 +236,7 @@ class Bench:
         server_cpu = process_cpu_s(server.pid) - server_cpu0 if server.alive() else math.nan
         machine1 = cpu_times()
         other_cpu = max(0.0, machine1.busy - machine0.busy - client_cpu - server_cpu)
+        rt1 = self.placement.probe()
         counts = kvload_counts(v, proc) if v.client.tool == KVLOAD else memcaslap_counts(v, proc)
         return RunResult(
             ops_per_sec=counts.ops_per_sec,
@@ -247,6 +254,8 @@ class Bench:
             load_avg_1min=load,
             date=date,
             argv=tuple(argv),
+            rt_before_ns=rt0,
+            rt_after_ns=rt1,
         )
 
     def wait_idle(self) -> float:

@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvprof.bench import atomics, stats
+from kvprof.bench import atomics, placement, stats
 from kvprof.bench.results import Measured
 
 WIDTH = 80
@@ -98,6 +98,22 @@ def _cpu_line(measured: Sequence[Measured]) -> list[str]:
     return wrap(line + ".")
 
 
+def _placement_line(measured: Sequence[Measured]) -> list[str]:
+    """The cache-line round trips taken around the runs, and whether the host moved the CPUs."""
+    rts = [x for m in measured for x in m.rt_ns if x > 0]
+    if not rts:
+        return []
+    low, high = min(rts), max(rts)
+    line = f"cache-line round trip between two CPUs, before and after each run: {low:,.0f}-{high:,.0f} ns"
+    if placement.alike(low, high):
+        return wrap(line + ".")
+    return wrap(
+        line + ": the host moved the CPUs between cores that share a cache and cores that do not "
+        "during the bench, which changes what shared locks and counters cost (the JSON has the "
+        "readings of every run)."
+    )
+
+
 def _paired_lines(measured: Sequence[Measured]) -> list[str]:
     """Per-round ratios of each variant to its group's reference (the runs are interleaved)."""
     lines = []
@@ -135,6 +151,7 @@ def render_bench(measured: Sequence[Measured], title: Sequence[str] = (), legend
             lines.append(line.rstrip())
     lines += _paired_lines(measured)
     lines += _cpu_line(measured)
+    lines += _placement_line(measured)
     if legend:
         lines += wrap(LEGEND)
     return lines

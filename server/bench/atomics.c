@@ -7,6 +7,9 @@
  *   padded        one atomic word per thread, each on its own cache line
  *   local         one plain per-thread counter (load + store, no lock
  *                 prefix), as kvcached's per-thread sites
+ *   pingpong      two threads hand one cache line back and forth; ns_per_op
+ *                 is the round trip (kvprof bench reads it around every run:
+ *                 on a VM it says where the host put the CPUs)
  *
  * Prints one line per run, or JSON lines with --json. kvprof bench
  * --scenario atomics runs the matrix and picks the CPUs (same socket or
@@ -24,8 +27,8 @@
 #define EX_USAGE 64
 #define MAX_THREADS 256
 
-enum mode { SHARED, FALSE_SHARED, PADDED, LOCAL, MODES };
-static const char *const mode_names[MODES] = {"shared", "false-shared", "padded", "local"};
+enum mode { SHARED, FALSE_SHARED, PADDED, LOCAL, PINGPONG, MODES };
+static const char *const mode_names[MODES] = {"shared", "false-shared", "padded", "local", "pingpong"};
 
 static uint64_t shared_word __attribute__((aligned(64)));
 static uint64_t same_line[8] __attribute__((aligned(64)));
@@ -57,6 +60,24 @@ static void *run(void *arg)
     uint64_t local = 0, n = 0;
     while (!go)
         ;
+    if (w->mode == PINGPONG) {
+        /* thread 0 writes odd values and waits for the next even one, thread 1
+         * answers each odd value: every step moves the line to the other core */
+        uint64_t mine = 1;
+        while (!stop) {
+            if (w->idx == 0)
+                __atomic_store_n(&shared_word, mine, __ATOMIC_RELEASE);
+            uint64_t want = w->idx == 0 ? mine + 1 : mine;
+            while (__atomic_load_n(&shared_word, __ATOMIC_ACQUIRE) != want && !stop)
+                ;
+            if (w->idx == 1)
+                __atomic_store_n(&shared_word, mine + 1, __ATOMIC_RELEASE);
+            mine += 2;
+            n += w->idx == 0;
+        }
+        w->ops = n;
+        return NULL;
+    }
     while (!stop) {
         for (int i = 0; i < 1024; i++) {
             switch (w->mode) {
@@ -64,6 +85,8 @@ static void *run(void *arg)
             case FALSE_SHARED:
             case PADDED:
                 __atomic_fetch_add(p, 1, __ATOMIC_RELAXED);
+                break;
+            case PINGPONG:
                 break;
             case LOCAL:
                 /* a store the compiler must keep, without a lock prefix */
@@ -88,7 +111,7 @@ static double now_s(void)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: atomics --mode shared|false-shared|padded|local --threads N [--cpus 0,1,...]\n"
+    fprintf(out, "usage: atomics --mode shared|false-shared|padded|local|pingpong --threads N [--cpus 0,1,...]\n"
                  "               [--duration-ms MS] [--json]\n");
 }
 
@@ -128,9 +151,9 @@ int main(int argc, char **argv)
             return EX_USAGE;
         }
     }
-    if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10) {
-        fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local), 1 <= --threads <= %d, "
-                        "--duration-ms >= 10\n", MAX_THREADS);
+    if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10 || (mode == PINGPONG && threads != 2)) {
+        fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local, pingpong), 1 <= --threads <= %d "
+                        "(pingpong: 2), --duration-ms >= 10\n", MAX_THREADS);
         return EX_USAGE;
     }
     struct worker *w = aligned_alloc(64, sizeof(*w) * (size_t)threads);
@@ -156,6 +179,8 @@ int main(int argc, char **argv)
     /* a thread that got no CPU at all in the window (a busy machine) counts
      * 0: report it rather than dividing by zero (inf is not JSON) */
     double ops_s = (double)total / secs, ns_op = total ? secs * 1e9 * threads / (double)total : 0.0;
+    if (mode == PINGPONG) /* round trips per second; ns per round trip */
+        ns_op = total ? secs * 1e9 / (double)total : 0.0;
     char cpulist[512] = "";
     for (int i = 0; i < threads && ncpus; i++) {
         size_t len = strlen(cpulist);

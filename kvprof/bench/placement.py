@@ -1,0 +1,98 @@
+"""Where the host put our CPUs: the cache-line round trip between two of them.
+
+A virtual machine's CPUs are threads on the host, and the host moves them.
+On the 2-vCPU development VM the round trip of one cache line between the two
+vCPUs (`server/build/atomics --mode pingpong`) is either about 100 ns (host
+cores that share a cache) or about 450 ns (cores that do not), and flips
+between the two every 10 to 40 seconds, idle or loaded, often in the middle
+of a run.
+Whatever crosses between threads costs accordingly more or less: a shared
+mutex, a shared atomic counter, a socket's data. kvcached `baseline`, whose
+mutex and atomics bounce between the workers, made 1.41M ops/s in 2-second
+runs on the near placement and 1.13M on the far one; `fixed`, which shares
+no line between workers, changed much less. Runs at different placements
+measure different machines.
+
+So every run of `kvprof bench` and of bench/overhead.py is bracketed by a
+short round-trip probe (30 ms, between the first two CPUs the bench may use,
+distinct cores first). The bench keeps the readings in its result file and
+says under its table when the host moved the CPUs; bench/overhead.py
+compares only pairs of runs that ran at one placement. Holding the placement
+still for a whole bench (waiting for it, or loading the machine until the
+host moved the CPUs back) was tried and did not make the runs steadier: the
+host moved them again within runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+from kvprof.bench import BenchError
+from kvprof.model.topology import Topology
+
+PROBE_MS = 30
+MAX_NS = 20_000.0  # no cache line takes this long to go and come back; a descheduled thread does
+# Two round trips within this factor are one placement. Within one placement
+# the readings spread by up to 1.6x here (85-135 ns, 420-600 ns); the two
+# placements are 4-5x apart.
+ALIKE = 2.0
+
+
+def probe_cpus() -> tuple[int, int] | None:
+    """Two CPUs this process may run on, on distinct cores when the topology
+    has them; None on a one-CPU machine."""
+    from kvprof.bench.atomics import (
+        sockets,
+        usable_cpus,
+    )  # here: atomics imports the runner, which imports us
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        return None
+    try:
+        order = [c for s in sockets(usable_cpus(Topology.read(), allowed)).values() for c in s]
+    except (OSError, ValueError, BenchError):  # no sysfs topology (containers): any two allowed CPUs
+        order = sorted(allowed)
+    return (order[0], order[1]) if len(order) >= 2 else None
+
+
+def round_trip_ns(cpus: tuple[int, int], ms: int = PROBE_MS) -> float:
+    """ns for one cache line to go to the other CPU and back (NaN when the probe cannot run)."""
+    from kvprof.bench.atomics import ATOMICS_BIN
+
+    if not ATOMICS_BIN.exists():
+        return math.nan
+    argv = [str(ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus", f"{cpus[0]},{cpus[1]}",
+            "--duration-ms", str(ms), "--json"]  # fmt: skip
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        value = float(json.loads(out.stdout)["ns_per_op"]) if out.returncode == 0 else math.nan
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return math.nan
+    # 0: a thread got no CPU in the window; beyond MAX_NS one lost its CPU for a while:
+    # neither is a round trip
+    return value if 0 < value <= MAX_NS else math.nan
+
+
+def alike(a: float, b: float) -> bool:
+    """Two readings of one placement (True when either is missing: nothing says otherwise)."""
+    if math.isnan(a) or math.isnan(b):
+        return True
+    return max(a, b) <= ALIKE * min(a, b)
+
+
+class Placement:
+    """Probes the round trip between two CPUs (NaN where there is no pair or no probe)."""
+
+    def __init__(self) -> None:
+        self.cpus = probe_cpus()
+
+    @property
+    def where(self) -> str:
+        return f"CPUs {self.cpus[0]} and {self.cpus[1]}" if self.cpus else "no CPU pair"
+
+    def probe(self) -> float:
+        return math.nan if self.cpus is None else round_trip_ns(self.cpus)
