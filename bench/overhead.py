@@ -1,24 +1,53 @@
 #!/usr/bin/env python3
 """What `kvprof record` costs the server it profiles.
 
-kvcached (--preset baseline, 2 workers) under kvload, measured side by side in
-one run: A = kvload alone, B = kvload while `kvprof record` (default
-settings: every collector, 99 Hz, kvs probes at the server's default 1 in
-64) is attached. Pairs are interleaved A B A B ..., so machine drift hits
-both alike; B is measured only after every collector has attached. Prints
-each pair, the median ratio B/A and its spread, and the server's CPU time
-per operation in each run (utime + stime of kvcached over ops): the probes'
-cost lands in the target's own CPU time, so that ratio is less sensitive to
-other load on the machine than throughput is.
+kvcached (`--preset baseline`, or `fixed`; 2 workers) under kvload (one
+thread, 8 connections, batches of 8, 20 % sets, zipf keys; `--load-threads
+2` fills both cores), with and without `kvprof record` attached (default
+settings: every collector, 99 Hz, kvcached's default probe sampling),
+measured side by side in one run.
 
-    sudo .venv/bin/python bench/overhead.py [--pairs 5] [--seconds 4]
+Single runs on a VM differ by far more than record costs, for two reasons,
+and the benchmark is built around both:
+
+- **The host moves the VM's CPUs** between cores that share a cache and
+  cores that do not (kvprof.bench.placement: the cache-line round trip
+  between the two vCPUs flips between ~100 and ~450 ns every 10-40 s, often
+  within a run), and the baseline server's shared mutex and atomics run
+  about 25 % faster on the near placement. A "with" run that starts after
+  `record` spent seconds compiling its BPF programs may start on another
+  placement than the "without" run before the compile. So, by default, two
+  identical servers run side by side: `record` attaches to the first once,
+  and short kvload runs alternate between the two (A B, then B A, ...)
+  with nothing between them but a 30 ms round-trip probe: the two runs of
+  a pair are seconds apart, and the probes say whether they shared a
+  placement (`near`: both probes of a run below the geometric middle of
+  the lowest and highest round trips seen, `far`: both above, else
+  `moved`). The "without" server pays what record costs everything else on
+  the machine (its sched_switch program runs on every context switch, and
+  the 99 Hz sampling fires on every CPU); that part is measured separately
+  and printed. `--reattach` instead uses one server and attaches record
+  anew for every "with" run (the first design; its pairs are a compile
+  apart).
+- **Throughput depends on everything else the machine does.** The BPF
+  programs' own CPU time does not: `kernel.bpf_stats_enabled` is on while
+  the runs go, and the run time of each of record's programs is read from
+  /proc/PID/fdinfo around every run, so the exact CPU the probes took is
+  printed per second and per operation, for the "with" and the "without"
+  runs. (USDT traps add ~0.5 µs per probe hit in the kernel, outside that
+  count.)
+
+    sudo .venv/bin/python bench/overhead.py [--pairs 60] [--seconds 2] [--load-threads 1]
+                                            [--preset baseline|fixed] [--reattach]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -26,14 +55,38 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kvprof.target import kvload_binary, start_kvcached  # noqa: E402
+from kvprof.bench.placement import Placement, alike  # noqa: E402
+from kvprof.target import Server, kvload_binary, start_kvcached  # noqa: E402
 
-LOAD = ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
+LOAD = ["--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]  # + --num-threads
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+PROG_TYPES = {
+    "1": "socket",
+    "2": "kprobe/uprobe",
+    "5": "tracepoint",
+    "7": "perf_event",
+    "17": "raw_tracepoint",
+}
+Programs = dict[str, tuple[str, int, int]]  # fd -> (program type, run_time_ns, run_cnt)
+
+
+@dataclass
+class Run:
+    ops_per_sec: float
+    cpu_us_per_op: float  # the server's CPU time per operation
+    ops: int
+    seconds: float
+    rt_before: float  # cache-line round trip before and after the run (placement)
+    rt_after: float
+    bpf: dict[str, tuple[int, int]]  # record's BPF programs during the run: type -> (ns, runs)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,74 +96,255 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def kvload(address: str, seconds: float, pid: int) -> tuple[float, float]:
-    """ops/s, and the server's CPU µs per op over the run."""
-    cpu = cpu_seconds(pid)
+def bpf_programs(pid: int | None) -> Programs:
+    """Every BPF program `pid` holds, with the kernel's run-time statistics."""
+    out: Programs = {}
+    if pid is None:
+        return out
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        kind = re.search(r"prog_type:\s*(\d+)", text)
+        run_time = re.search(r"run_time_ns:\s*(\d+)", text)
+        run_cnt = re.search(r"run_cnt:\s*(\d+)", text)
+        if kind and run_time and run_cnt:
+            out[fd] = (kind.group(1), int(run_time.group(1)), int(run_cnt.group(1)))
+    return out
+
+
+def bpf_delta(a: Programs, b: Programs) -> dict[str, tuple[int, int]]:
+    """program type -> (ns, runs) between two readings."""
+    out: dict[str, tuple[int, int]] = {}
+    for fd, (kind, ns, cnt) in b.items():
+        if fd in a:
+            name = PROG_TYPES.get(kind, f"type {kind}")
+            prev = out.get(name, (0, 0))
+            out[name] = (prev[0] + ns - a[fd][1], prev[1] + cnt - a[fd][2])
+    return out
+
+
+def kvload(server: Server, seconds: float, placement: Placement, record_pid: int | None) -> Run:
+    rt0 = placement.probe()
+    progs = bpf_programs(record_pid)
+    cpu = cpu_seconds(server.pid)
     out = subprocess.run(
-        [str(kvload_binary()), f"--server={address}", f"--duration={seconds}", "--no-population", "--json",
-         "--quiet", *LOAD],
+        [str(kvload_binary()), f"--server={server.address}", f"--duration={seconds}", "--no-population",
+         "--json", "--quiet", *LOAD],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
+    used = cpu_seconds(server.pid) - cpu
+    bpf = bpf_delta(progs, bpf_programs(record_pid))
+    rt1 = placement.probe()
     if out.returncode != 0:
         raise SystemExit(f"overhead: kvload failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["ops_per_sec"], (cpu_seconds(pid) - cpu) * 1e6 / max(1.0, result["ops"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    ops = int(result["ops"])
+    return Run(result["ops_per_sec"], used * 1e6 / max(1, ops), ops, result["duration_s"], rt0, rt1, bpf)
+
+
+@contextmanager
+def recording(pid: int, tmp: str, collectors: str) -> Iterator[int]:
+    """`kvprof record -p PID` attached (it has said "collecting") until the block ends; its PID."""
+    rec = subprocess.Popen(
+        [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-d", "100000", "-o",
+         str(Path(tmp) / "overhead.json.gz"), *(["--collectors", collectors] if collectors else [])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        # before "collecting" it is compiling BPF programs, which would load the machine
+        _wait_for_line(rec, "collecting", timeout=180)
+        time.sleep(0.5)
+        yield rec.pid
+    finally:
+        rec.send_signal(signal.SIGINT)
+        rec.communicate(timeout=60)
+
+
+def placement_class(run: Run, threshold: float) -> str:
+    """near / far / moved: both probes of the run below the threshold, both above, or not."""
+    if math.isnan(run.rt_before) or math.isnan(run.rt_after):
+        return "?"
+    near = [x < threshold for x in (run.rt_before, run.rt_after)]
+    return "near" if all(near) else "far" if not any(near) else "moved"
+
+
+def print_pair(i: int, a: Run, b: Run) -> None:
+    rts = f"{a.rt_before:.0f}/{a.rt_after:.0f} {b.rt_before:.0f}/{b.rt_after:.0f}"
+    cpu = f"{a.cpu_us_per_op:.2f} -> {b.cpu_us_per_op:.2f}"
+    ratio = b.ops_per_sec / a.ops_per_sec
+    print(
+        f"{i:>4} {a.ops_per_sec:>14,.0f} {b.ops_per_sec:>14,.0f} {ratio:>7.3f} {cpu:>18} {rts:>22}",
+        flush=True,
+    )
+
+
+def summary(label: str, pairs: list[tuple[Run, Run]]) -> None:
+    """Median throughput ratio with/without and server CPU per op with/without, over `pairs`."""
+    if not pairs:
+        print(f"{label}: none")
+        return
+    ratios = [b.ops_per_sec / a.ops_per_sec for a, b in pairs]
+    cpu = [b.cpu_us_per_op / a.cpu_us_per_op for a, b in pairs]
+    print(
+        f"{label} ({len(pairs)}): median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+        f"{max(ratios):.3f}); server CPU per op with/without {statistics.median(cpu):.3f}"
+    )
+
+
+def bpf_line(label: str, runs: list[Run]) -> str:
+    """The BPF programs' CPU over `runs`: share of one core, ns per operation, by program type."""
+    ns: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for r in runs:
+        for name, (n, c) in r.bpf.items():
+            ns[name] = ns.get(name, 0) + n
+            count[name] = count.get(name, 0) + c
+    seconds = sum(r.seconds for r in runs)
+    ops = sum(r.ops for r in runs)
+    if not ns or seconds <= 0:
+        return f"{label}: no BPF statistics"
+    total = sum(ns.values())
+    parts = ", ".join(
+        f"{name} {count[name] / seconds:,.0f}/s x {ns[name] / max(1, count[name]) / 1e3:.2f} µs"
+        for name in sorted(ns, key=lambda n: -ns[n])
+    )
+    return (
+        f"{label}: {total / seconds / 1e7:.2f} % of one core, {total / max(1, ops):,.0f} ns per op ({parts})"
+    )
+
+
+def report(pairs: list[tuple[Run, Run]]) -> None:
+    readings = [x for a, b in pairs for r in (a, b) for x in (r.rt_before, r.rt_after) if x == x]
+    low, high = min(readings, default=1.0), max(readings, default=1.0)
+    # one placement when every reading is alike; else near/far split at the geometric middle
+    threshold = math.inf if alike(low, high) else math.sqrt(low * high)
+    classes = [(placement_class(a, threshold), placement_class(b, threshold)) for a, b in pairs]
+    print(
+        f"placement (round trips {low:.0f}-{high:.0f} ns; near: both probes of a run below "
+        f"{threshold:.0f} ns, far: both above, else moved):"
+    )
+    counts: dict[str, int] = {}
+    for ca, cb in classes:
+        key = f"{ca}/{cb}"
+        counts[key] = counts.get(key, 0) + 1
+    print("  " + ", ".join(f"{n} {key}" for key, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+    summary("all pairs", pairs)
+    same = [p for p, (ca, cb) in zip(pairs, classes, strict=True) if ca == cb and ca in ("near", "far")]
+    summary("same-placement pairs", same)
+    for where in ("near", "far"):
+        both = [p for p, c in zip(pairs, classes, strict=True) if c == (where, where)]
+        summary(f"  of which {where}", both)
+    print(bpf_line("record's BPF programs during the 'with' runs", [b for _, b in pairs]))
+    print(
+        bpf_line("and during the 'without' runs (its cost to the rest of the machine)", [a for a, _ in pairs])
+    )
+
+
+def side_by_side(args: argparse.Namespace, placement: Placement, tmp: str, sample: list[str]) -> None:
+    """Two identical servers; record attached to the first once; runs alternate A B, B A, ..."""
+    profiled = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
+    control = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
+    try:
+        for server in (profiled, control):
+            populate = [
+                str(kvload_binary()),
+                f"--server={server.address}",
+                "--populate-only",
+                "--quiet",
+                *LOAD,
+            ]
+            subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
+        print(
+            f"kvcached PID {profiled.pid} with record attached, PID {control.pid} without ({args.preset}, "
+            f"2 workers each); kvload {' '.join(LOAD)}"
+        )
+        print(
+            f"{args.pairs} pairs of {args.seconds:g} s runs alternating A B, B A, ...; collectors: "
+            f"{args.collectors or 'all'}; probe: cache-line round trip between {placement.where}"
+        )
+        header()
+        pairs = []
+        with recording(profiled.pid, tmp, args.collectors) as rec:
+            for i in range(args.pairs):
+                if i % 2 == 0:
+                    a = kvload(control, args.seconds, placement, rec)
+                    b = kvload(profiled, args.seconds, placement, rec)
+                else:
+                    b = kvload(profiled, args.seconds, placement, rec)
+                    a = kvload(control, args.seconds, placement, rec)
+                pairs.append((a, b))
+                print_pair(i + 1, a, b)
+        report(pairs)
+    finally:
+        for server in (profiled, control):
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
+
+
+def reattach(args: argparse.Namespace, placement: Placement, tmp: str, sample: list[str]) -> None:
+    """One server; each pair: A, then record attached, B, record detached."""
+    server = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
+    try:
+        populate = [str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD]
+        subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
+        print(f"kvcached PID {server.pid} ({args.preset}, 2 workers); kvload {' '.join(LOAD)}")
+        print(
+            f"{args.pairs} pairs of {args.seconds:g} s runs, record attached anew for each 'with' run; "
+            f"collectors: {args.collectors or 'all'}; probe: cache-line round trip between {placement.where}"
+        )
+        header()
+        pairs = []
+        for i in range(args.pairs):
+            a = kvload(server, args.seconds, placement, None)
+            with recording(server.pid, tmp, args.collectors) as rec:
+                b = kvload(server, args.seconds, placement, rec)
+            pairs.append((a, b))
+            print_pair(i + 1, a, b)
+        report(pairs)
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
+def header() -> None:
+    print(f"{'pair':>4} {'without ops/s':>14} {'with record':>14} {'ratio':>7} {'server CPU µs/op':>18}"
+          f" {'round trips ns':>22}")  # fmt: skip
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--pairs", type=int, default=60, help="pairs to run (default 60)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds per run (default 2)")
     ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
-    ap.add_argument("--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: 256)")
+    ap.add_argument(
+        "--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: its own)"
+    )
+    ap.add_argument("--preset", default="baseline", choices=("baseline", "fixed"), help="kvcached's preset")
+    ap.add_argument("--reattach", action="store_true", help="one server, record attached anew for each pair")
+    ap.add_argument(
+        "--load-threads",
+        type=int,
+        default=1,
+        help="kvload threads (default 1: kvload near one core, the server below it; 2 fill both cores)",
+    )
     args = ap.parse_args()
+    LOAD.insert(0, f"--num-threads={args.load_threads}")
     if os.geteuid() != 0:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)
         return 2
     sample = ["--probe-sample", str(args.probe_sample)] if args.probe_sample else []
-    server = start_kvcached(["-t", "2", "--preset", "baseline", *sample])
+    placement = Placement()
+    stats_before = BPF_STATS.read_text().strip() if BPF_STATS.exists() else None
     tmp = tempfile.mkdtemp(prefix="kvprof-overhead-")
     try:
-        populate = [str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD]
-        subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
-        print(f"kvcached PID {server.pid} (baseline, 2 workers); kvload {' '.join(LOAD)}")
-        which = args.collectors or "all"
-        print(f"{args.pairs} interleaved pairs of {args.seconds:g} s runs; collectors: {which}")
-        print(f"{'pair':>4} {'without ops/s':>14} {'with record':>14} {'ratio':>7} {'server CPU µs/op':>22}")
-        ratios, without, with_, cpu_ratios = [], [], [], []
-        for i in range(args.pairs):
-            a, cpu_a = kvload(server.address, args.seconds, server.pid)
-            rec = subprocess.Popen(
-                [sys.executable, "-m", "kvprof.cli", "record", "-p", str(server.pid), "-d", "600", "-o",
-                 str(Path(tmp) / "overhead.json.gz"),
-                 *(["--collectors", args.collectors] if args.collectors else [])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-            )  # fmt: skip
-            # B starts once every collector is attached (record says "collecting";
-            # before that it is compiling BPF programs, which would load the machine)
-            _wait_for_line(rec, "collecting", timeout=180)
-            time.sleep(1.0)
-            b, cpu_b = kvload(server.address, args.seconds, server.pid)
-            rec.send_signal(signal.SIGINT)
-            rec.communicate(timeout=60)
-            ratios.append(b / a)
-            without.append(a)
-            with_.append(b)
-            cpu_ratios.append(cpu_b / cpu_a)
-            cpu = f"{cpu_a:.2f} -> {cpu_b:.2f}"
-            print(f"{i + 1:>4} {a:>14,.0f} {b:>14,.0f} {b / a:>7.3f} {cpu:>22}", flush=True)
-        med = statistics.median(ratios)
-        print(
-            f"median ratio {med:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
-            f"median ops/s {statistics.median(without):,.0f} without, {statistics.median(with_):,.0f} with"
-        )
-        print(
-            f"server CPU per op with/without: median {statistics.median(cpu_ratios):.3f} "
-            f"(min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f}); less sensitive to a busy machine"
-        )
+        if stats_before is not None:
+            BPF_STATS.write_text("1")
+        (reattach if args.reattach else side_by_side)(args, placement, tmp, sample)
     finally:
-        server.stop()
-        server.log_path.unlink(missing_ok=True)
+        if stats_before is not None:
+            BPF_STATS.write_text(stats_before)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
