@@ -376,6 +376,9 @@ def test_table_fits_80_columns() -> None:
     assert lines[2].endswith("1.000       705       reference")
     assert lines[2].startswith("  baseline+topkeys+timings…")
     assert lines[3].split() == ["fixed", "t=16", "20,250,000", "1.7", "1.929", "410", "yes", "IMPROVEMENT"]
+    # per-round ratios 2.00 and 1.86: their spread with the drift between rounds divided out
+    assert lines[4] == "ratio within each round (min / median / max, CV of the ratios):"
+    assert lines[5] == "  fixed t=16: 1.86 / 1.93 / 2.00, CV 5.0 %"
     assert _fits(lines)
 
 
