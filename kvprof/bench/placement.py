@@ -5,9 +5,8 @@ On the 2-vCPU development VM the round trip of one cache line between the two
 vCPUs (`server/build/atomics --mode pingpong`) is either about 100 ns (host
 cores that share a cache) or about 450 ns (cores that do not), and flips
 between the two every 10 to 40 seconds, idle or loaded, often in the middle
-of a run.
-Whatever crosses between threads costs accordingly more or less: a shared
-mutex, a shared atomic counter, a socket's data. kvcached `baseline`, whose
+of a run. Whatever crosses between threads costs accordingly more or less: a
+shared mutex, a shared atomic counter, a socket's data. kvcached `baseline`, whose
 mutex and atomics bounce between the workers, made 1.41M ops/s in 2-second
 runs on the near placement and 1.13M on the far one; `fixed`, which shares
 no line between workers, changed much less. Runs at different placements
@@ -16,8 +15,8 @@ measure different machines.
 So every run of `kvprof bench` and of bench/overhead.py is bracketed by a
 short round-trip probe (30 ms, between the first two CPUs the bench may use,
 distinct cores first). The bench keeps the readings in its result file and
-says under its table when the host moved the CPUs; bench/overhead.py
-compares only pairs of runs that ran at one placement. Holding the placement
+says under its table when the host moved the CPUs; bench/overhead.py gives
+its ratio over all pairs and over the pairs whose runs shared a placement. Holding the placement
 still for a whole bench (waiting for it, or loading the machine until the
 host moved the CPUs back) was tried and did not make the runs steadier: the
 host moved them again within runs.
@@ -44,10 +43,8 @@ ALIKE = 2.0
 def probe_cpus() -> tuple[int, int] | None:
     """Two CPUs this process may run on, on distinct cores when the topology
     has them; None on a one-CPU machine."""
-    from kvprof.bench.atomics import (
-        sockets,
-        usable_cpus,
-    )  # here: atomics imports the runner, which imports us
+    # imported here: kvprof.bench.atomics imports the runner, which imports this module
+    from kvprof.bench.atomics import sockets, usable_cpus
 
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
@@ -61,7 +58,7 @@ def probe_cpus() -> tuple[int, int] | None:
 
 def round_trip_ns(cpus: tuple[int, int], ms: int = PROBE_MS) -> float:
     """ns for one cache line to go to the other CPU and back (NaN when the probe cannot run)."""
-    from kvprof.bench.atomics import ATOMICS_BIN
+    from kvprof.bench.atomics import ATOMICS_BIN  # here, as above
 
     if not ATOMICS_BIN.exists():
         return math.nan
