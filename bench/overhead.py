@@ -63,6 +63,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
 from kvprof.target import Server, kvload_binary, start_kvcached  # noqa: E402
 
@@ -87,13 +88,6 @@ class Run:
     rt_before: float  # cache-line round trip before and after the run (placement)
     rt_after: float
     bpf: dict[str, tuple[int, int]]  # record's BPF programs during the run: type -> (ns, runs)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bpf_programs(pid: int | None) -> Programs:
@@ -128,13 +122,13 @@ def bpf_delta(a: Programs, b: Programs) -> dict[str, tuple[int, int]]:
 def kvload(server: Server, seconds: float, placement: Placement, record_pid: int | None) -> Run:
     rt0 = placement.probe()
     progs = bpf_programs(record_pid)
-    cpu = cpu_seconds(server.pid)
+    cpu = process_cpu_s(server.pid)
     out = subprocess.run(
         [str(kvload_binary()), f"--server={server.address}", f"--duration={seconds}", "--no-population",
          "--json", "--quiet", *LOAD],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
-    used = cpu_seconds(server.pid) - cpu
+    used = process_cpu_s(server.pid) - cpu
     bpf = bpf_delta(progs, bpf_programs(record_pid))
     rt1 = placement.probe()
     if out.returncode != 0:
