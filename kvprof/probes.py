@@ -168,13 +168,25 @@ class ElfFile:
                 return sorted(seen.values(), key=lambda s: s.value)
         return []
 
-    def read_vaddr(self, vaddr: int, size: int) -> bytes:
-        """File bytes at a link-time address (b"" when no segment holds them in the file)."""
+    def _segment_at(self, vaddr: int) -> Segment | None:
+        """The loadable segment whose file bytes hold a link-time address."""
         for seg in self.segments:
             if seg.type == PT_LOAD and seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
-                start = seg.offset + vaddr - seg.vaddr
-                return self.data[start : start + min(size, seg.vaddr + seg.filesz - vaddr)]
-        return b""
+                return seg
+        return None
+
+    def file_offset(self, vaddr: int) -> int | None:
+        """The file offset of a link-time address (None when no segment holds it in the file)."""
+        seg = self._segment_at(vaddr)
+        return None if seg is None else seg.offset + vaddr - seg.vaddr
+
+    def read_vaddr(self, vaddr: int, size: int) -> bytes:
+        """File bytes at a link-time address (b"" when no segment holds them in the file)."""
+        seg = self._segment_at(vaddr)
+        if seg is None:
+            return b""
+        start = seg.offset + vaddr - seg.vaddr
+        return self.data[start : start + min(size, seg.vaddr + seg.filesz - vaddr)]
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,7 @@ class UsdtProbe:
     location: int
     semaphore: int  # 0: no is-enabled semaphore
     arguments: tuple[str, ...]
+    semaphore_field: int = 0  # file offset of the note's semaphore word
 
     @property
     def full_name(self) -> str:
@@ -222,7 +235,8 @@ def read_probes(elf: ElfFile) -> list[UsdtProbe]:
             pc += shift
             if sem:
                 sem += shift
-        probes.append(UsdtProbe(provider, name, pc, sem, tuple(args.split())))
+        field_at = desc_off + 2 * wsize
+        probes.append(UsdtProbe(provider, name, pc, sem, tuple(args.split()), field_at))
     return probes
 
 

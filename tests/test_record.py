@@ -65,10 +65,22 @@ def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.
 
 
 def assert_nothing_attached(server: Server) -> None:
-    """Every kvs semaphore of a surviving target is back to 0 (BCC raises them while attached)."""
+    """Every kvs semaphore of a surviving target is back to 0 (the kernel raises them while attached)."""
     if server.alive():
         raised = {k: v for k, v in semaphores(server).items() if v}
         assert not raised, f"semaphores still raised: {raised}"
+
+
+def wait_collecting(rec: subprocess.Popen[str]) -> list[str]:
+    """record's stderr up to "attached N collectors, collecting", said once the
+    window has started (on a busy machine compiling can take many seconds)."""
+    assert rec.stderr is not None
+    said: list[str] = []
+    while not any("collecting" in line for line in said):
+        line = rec.stderr.readline()
+        assert line, f"record ended before attaching: {''.join(said)}"
+        said.append(line)
+    return said
 
 
 def by_name(threads: dict[str, Any], profile: Profile) -> dict[str, Any]:
@@ -181,6 +193,35 @@ def test_sigint_detaches_and_the_target_keeps_serving(
 
 
 @pytest.mark.bpf
+def test_sigkill_of_record_leaves_no_semaphore_raised(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """record killed with SIGKILL while all kvs collectors are attached: the
+    kernel owns the semaphores' counts, so every one is back to 0 (read from
+    /proc/PID/mem), and the target keeps serving under kvload --verify."""
+    server = kvcached_factory("-t", "2")
+    assert not any(semaphores(server).values()), "a kvs probe is already enabled on this server"
+    out = tmp_path / "killed.json"
+    with load(server, 12, "--verify", "--min-size=64") as kv:
+        rec = subprocess.Popen(
+            [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_collecting(rec)
+        raised = semaphores(server)
+        # the probes of locks, cachelines and requests, raised by the kernel
+        assert all(raised[p] > 0 for p in ("lock__wait__done", "atomic__sample", "cmd__done")), raised
+        rec.kill()
+        rec.wait(30)
+        assert rec.returncode == -signal.SIGKILL
+        assert_nothing_attached(server)
+        kv.communicate(timeout=60)
+    assert kv.returncode == 0  # kvload exits 1 on any verify mismatch or error
+    assert server.alive() and server.stats()["pid"] == str(server.pid)
+
+
+@pytest.mark.bpf
 def test_target_killed_mid_run_gives_a_partial_profile(
     kvcached_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -204,14 +245,7 @@ def test_target_killed_mid_run_gives_a_partial_profile(
             stderr=subprocess.PIPE,
             text=True,
         )
-        # record says "attached 2 collectors, collecting" once the window has
-        # started (on a busy machine compiling can take many seconds)
-        assert rec.stderr is not None
-        said = []
-        while not any("collecting" in line for line in said):
-            line = rec.stderr.readline()
-            assert line, f"record ended before attaching: {''.join(said)}"
-            said.append(line)
+        said = wait_collecting(rec)
         time.sleep(1.5)
         os.kill(server.pid, signal.SIGKILL)
         server.proc.wait(10)

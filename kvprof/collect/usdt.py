@@ -4,15 +4,21 @@ and detach so that nothing stays raised.
 Used by the three kvs collectors (locks, cachelines, requests), by `kvprof
 probes`, and by the session to decide `Target.kvs_probes`.
 
-Two BCC 0.26 quirks shape this module:
+The kernel, not kvprof, owns the probes' is-enabled semaphores. Each probe
+site is attached through `perf_event_open` on the `uprobe` PMU with the
+semaphore's file offset as `ref_ctr_offset` (kernel >= 4.20): the kernel
+raises the semaphore when it inserts the breakpoint and lowers it when the
+event's fd is closed, by us or by the kernel when kvprof dies, SIGKILL
+included. So the target is left with every semaphore at 0 however kvprof ends.
 
-- BCC rewrites `bpf_usdt_readarg()` per probe from the name of the C function
-  given to `enable_probe`, so the program calls it only inside that function,
-  never in a shared helper.
-- Creating a USDT context raises the probes' is-enabled semaphores in the
-  target, and only closing the context lowers them again (BPF.cleanup() does
-  not). `KvsProgram.close()` closes it explicitly instead of hoping for the
-  garbage collector, so a detached kvcached really pays nothing.
+BCC still writes the code that reads the probe arguments (`bpf_usdt_readarg`,
+which it rewrites per probe from the name of the C function given to
+`enable_probe`, so the program calls it only inside that function, never in a
+shared helper). A BCC 0.26 USDT context raises the semaphores itself through
+/proc/PID/mem when it is made for a PID, and refuses probes with a semaphore
+when it is made for a file, so it is made for a private copy of the
+executable whose notes name no semaphore: it generates the same code and
+never touches the target.
 
 bcc is imported only when a program is loaded, so `kvs_probes()` and
 `not_applicable()` work without it.
@@ -20,13 +26,18 @@ bcc is imported only when a program is loaded, so `kvs_probes()` and
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
+import platform
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from kvprof.collect import PROBES_DIR, CollectError
+from kvprof.probes import ElfFile, ProbesError, UsdtProbe, read_probes
 
 PROVIDER = "kvs"
 DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample
@@ -101,32 +112,169 @@ def program_text(name: str) -> str:
     return (PROBES_DIR / f"{name}.bpf.c").read_text()
 
 
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
+PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}  # syscall numbers
+PERF_FLAG_FD_CLOEXEC = 1 << 3
+PERF_EVENT_IOC_ENABLE = 0x2400  # _IO('$', 0)
+PERF_EVENT_IOC_SET_BPF = 0x40042408  # _IOW('$', 8, u32)
+ATTR_DISABLED = 1  # bit 0 of perf_event_attr's flags word
+
+
+class _PerfEventAttr(ctypes.Structure):
+    """struct perf_event_attr up to config2 (PERF_ATTR_SIZE_VER1, 72 bytes)."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),  # uprobe: the path
+        ("config2", ctypes.c_uint64),  # uprobe: the probe's file offset
+    ]
+
+
+def _ref_ctr_shift() -> int:
+    """Where `ref_ctr_offset` goes in the uprobe PMU's config ("config:32-63")."""
+    try:
+        spec = (UPROBE_PMU / "format" / "ref_ctr_offset").read_text().strip()
+    except OSError:
+        raise CollectError(
+            "this kernel's uprobes cannot own USDT semaphores (no uprobe PMU with ref_ctr_offset; "
+            "needs Linux >= 4.20): see `kvprof doctor`"
+        ) from None
+    return int(spec.split(":", 1)[1].split("-", 1)[0])
+
+
+def attach_uprobe(prog_fd: int, path: str, offset: int, ref_ctr_offset: int, pid: int) -> int:
+    """A uprobe at file `offset` of `path`, for process `pid` only, running BPF
+    program `prog_fd`; the kernel keeps the 16-bit counter at file offset
+    `ref_ctr_offset` raised while the returned fd is open (0: no counter)."""
+    nr = PERF_EVENT_OPEN.get(platform.machine())
+    if nr is None:
+        raise CollectError(f"attaching uprobes is not written for {platform.machine()} yet")
+    try:
+        pmu_type = int((UPROBE_PMU / "type").read_text())
+    except OSError:
+        raise CollectError(
+            "no uprobe PMU in this kernel (needs Linux >= 4.17): see `kvprof doctor`"
+        ) from None
+    shift = _ref_ctr_shift() if ref_ctr_offset else 0
+    c_path = ctypes.create_string_buffer(os.fsencode(path))
+    attr = _PerfEventAttr(
+        type=pmu_type,
+        size=ctypes.sizeof(_PerfEventAttr),
+        config=ref_ctr_offset << shift,
+        sample_period=1,
+        wakeup_events=1,
+        flags=ATTR_DISABLED,
+        config1=ctypes.addressof(c_path),
+        config2=offset,
+    )
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = int(libc.syscall(nr, ctypes.byref(attr), pid, -1, -1, PERF_FLAG_FD_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise CollectError(
+            f"cannot attach a uprobe to {path} at 0x{offset:x} in PID {pid}: {os.strerror(err)}"
+        )
+    try:
+        fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
+        fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+    except OSError as e:
+        os.close(fd)
+        raise CollectError(f"cannot run BPF on the uprobe at 0x{offset:x} of {path}: {e.strerror}") from None
+    return fd
+
+
+def attach_site(prog_fd: int, elf: ElfFile, site: UsdtProbe, pid: int) -> int:
+    """attach_uprobe() for one USDT site of PID's executable `elf` (read from /proc/PID/exe),
+    its semaphore owned by the kernel."""
+    offset = elf.file_offset(site.location)
+    counter = elf.file_offset(site.semaphore) if site.semaphore else 0
+    if offset is None or counter is None:
+        raise CollectError(f"{site.full_name} lies outside the file's loadable segments")
+    return attach_uprobe(prog_fd, str(elf.path), offset, counter, pid)
+
+
+def _sites(elf: ElfFile, probes: dict[str, str], pid: int) -> list[UsdtProbe]:
+    """The `kvs` sites of `probes` in the executable; CollectError for a missing one."""
+    sites = [s for s in read_probes(elf) if s.provider == PROVIDER and s.name in probes]
+    missing = sorted(set(probes) - {s.name for s in sites})
+    if missing:
+        raise CollectError(f"PID {pid} has no kvs probe {', '.join(missing)}")
+    return sites
+
+
+def readarg_code(elf: ElfFile, sites: list[UsdtProbe], probes: dict[str, str]) -> str:
+    """BCC's `bpf_usdt_readarg` functions for `probes` (probe -> C function),
+    generated from a copy of the executable whose notes name no semaphore."""
+    from bcc import USDT, libbcc
+
+    if elf.pie:
+        # With several sites BCC tells them apart by address modulo the page
+        # size when that is unique, else by absolute address, which a copy
+        # made for a file gives unrelocated.
+        for name in probes:
+            pcs = [s.location for s in sites if s.name == name]
+            if len(pcs) > 1 and len({pc % 4096 for pc in pcs}) < len(pcs):
+                raise CollectError(
+                    f"kvs:{name} has sites that share a page offset: its arguments cannot be told apart"
+                )
+    data = bytearray(elf.data)
+    width = 8 if elf.is64 else 4
+    for site in read_probes(elf):
+        if site.semaphore:
+            data[site.semaphore_field : site.semaphore_field + width] = bytes(width)
+    with tempfile.TemporaryDirectory(prefix="kvprof-usdt-") as tmp:
+        copy = Path(tmp) / "exe"
+        copy.write_bytes(bytes(data))
+        usdt = USDT(path=str(copy))
+        try:
+            for probe, fn in probes.items():
+                usdt.enable_probe(probe=f"{PROVIDER}:{probe}", fn_name=fn)
+            text = usdt.get_text()
+        finally:
+            ctx, usdt.context = usdt.context, None  # USDT.__del__ would close it again
+            if ctx is not None:
+                libbcc.lib.bcc_usdt_close(ctx)
+    if text is None:
+        raise CollectError("BCC could not generate the code that reads the kvs probe arguments")
+    return str(text.decode() if isinstance(text, bytes) else text)
+
+
 class KvsProgram:
     """One BPF program attached to `kvs` probes of one process.
 
     `probes` maps probe name -> C function. Maps are read with `table(name)`;
-    `close()` detaches, frees the program and lowers the semaphores; it is
-    idempotent and tolerates a target that died.
+    `close()` closes the uprobes (the kernel lowers the semaphores) and frees
+    the program; it is idempotent and tolerates a target that died.
     """
 
     def __init__(self, pid: int, name: str, probes: dict[str, str], cflags: list[str]) -> None:
         self.pid = pid
         self.name = name
-        self._usdt: Any = None
         self.bpf: Any = None
+        self._fds: list[int] = []
         try:
-            from bcc import BPF, USDT
+            from bcc import BPF
         except ImportError as e:
             raise CollectError(f"BCC is not importable ({e}): run scripts/provision.sh") from None
         try:
-            self._usdt = USDT(pid=pid)
-            for probe, fn in probes.items():
-                self._usdt.enable_probe(probe=f"{PROVIDER}:{probe}", fn_name=fn)
-            self.bpf = BPF(
-                text=program_text(name).encode(),
-                cflags=[f"-DTARGET_PID={pid}", *cflags],
-                usdt_contexts=[self._usdt],
-            )
+            elf = ElfFile(f"/proc/{pid}/exe")  # the image that runs, even if its file was replaced
+            sites = _sites(elf, probes, pid)
+            text = readarg_code(elf, sites, probes) + program_text(name)
+            self.bpf = BPF(text=text.encode(), cflags=[f"-DTARGET_PID={pid}", *cflags])
+            for site in sites:
+                prog = self.bpf.load_func(probes[site.name].encode(), BPF.KPROBE)
+                self._fds.append(attach_site(prog.fd, elf, site, pid))
+        except (CollectError, ProbesError) as e:
+            self.close()
+            raise CollectError(f"cannot attach {name} to the kvs probes of PID {pid}: {e}") from None
         except Exception as e:
             self.close()
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -136,19 +284,14 @@ class KvsProgram:
         return self.bpf[name.encode()]
 
     def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)  # the kernel removes the uprobe and lowers its semaphore
         if self.bpf is not None:
             try:
                 self.bpf.cleanup()
             finally:
                 self.bpf = None
-        if self._usdt is not None:
-            from bcc import libbcc
-
-            # What USDT.__del__ would do, now: lowers the target's semaphores.
-            ctx, self._usdt.context = self._usdt.context, None
-            if ctx is not None:
-                libbcc.lib.bcc_usdt_close(ctx)
-            self._usdt = None
 
 
 def log2_slot(value: int) -> int:

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 # LiveSource.close), so a quit while the first findings are on screen is quick
 KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests")
 GENERIC_ORDER = ("offcpu", "oncpu", "locks", "cachelines", "requests")
-USDT_COLLECTORS = ("locks", "cachelines", "requests")  # their USDT contexts raise the target's semaphores
 
 
 class Source(Protocol):
@@ -259,13 +258,12 @@ class LiveSource:
     def close(self) -> None:
         """Stop attaching, detach everything; idempotent.
 
-        A kvs collector being compiled is waited for: creating its USDT context
-        raised the target's probe semaphores, and only closing it lowers them.
-        The others (offcpu, oncpu) hold only file descriptors until they attach,
-        so a compile of theirs is not waited for (it takes up to ~10 s on a busy
-        machine): if it finishes in this process it sees the session closed and
-        detaches itself (attaching() is True until then); if the process exits
-        first, the kernel drops the fds."""
+        A collector being compiled is not waited for (it takes up to ~10 s on
+        a busy machine): it holds only file descriptors until it attaches (the
+        kvs ones too: the kernel owns the probe semaphores, see
+        kvprof/collect/usdt.py). If it finishes in this process it sees the
+        session closed and detaches itself (attaching() is True until then); if
+        the process exits first, the kernel drops the fds."""
         with self._close_lock:  # a second caller waits for the first to finish
             self._close()
 
@@ -277,7 +275,7 @@ class LiveSource:
             self._closed = True
         attacher = self._attacher
         if attacher is not None and attacher is not threading.current_thread():
-            while attacher.is_alive() and (self.compiling in USDT_COLLECTORS or not self.compiling):
+            while attacher.is_alive() and not self.compiling:
                 attacher.join(0.05)
         with self._lock:
             session = self._session
