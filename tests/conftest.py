@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import pytest
 
+from kvprof.model.profile import Profile
 from kvprof.target import Server, die_with_parent, start_kvcached, start_memcached
 
 SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
@@ -428,3 +429,23 @@ def pin_workers(server: Server) -> None:
         name = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
         if name.startswith("kv-worker-"):
             os.sched_setaffinity(int(tid), {cpus[int(name.rsplit("-", 1)[1]) % len(cpus)]})
+
+
+# BPF's own frames and the tracing glue that runs a program (`_einittext` is
+# what a program's address resolves to from a stale /proc/kallsyms read).
+BPF_FRAME = re.compile(
+    r"(bpf_prog_|bpf_trace_run|__bpf_trace_|bpf_overflow_handler|__traceiter_|trace_call_bpf|perf_trace_"
+    r"|trace_event_raw_event_|__uprobe_perf_func|uprobe_perf_func|perf_syscall_(enter|exit)|_einittext)"
+)
+
+
+def bpf_frames(profile: Profile) -> dict[str, list[list[str]]]:
+    """The stacks of each kind (oncpu, offcpu, futex, locks) with a BPF frame in them."""
+    kinds = {
+        "oncpu": [s.frames for s in profile.oncpu],
+        "offcpu": [s.frames for s in profile.offcpu.stacks],
+        "futex": [w.frames for w in profile.offcpu.futex],
+        "locks": [s.frames for lk in profile.locks for s in lk.stacks],
+    }
+    found = {k: [f for f in stacks if any(BPF_FRAME.match(x) for x in f)] for k, stacks in kinds.items()}
+    return {k: v for k, v in found.items() if v}

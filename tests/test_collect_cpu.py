@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import stop_contend
+from conftest import bpf_frames, stop_contend
 
 from kvprof.collect import CollectOptions
 from kvprof.model.profile import Profile, Target
@@ -228,9 +228,7 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
         run_kvload(server, 2.0)
         profile = snapshot(server.pid, collectors)
     assert profile.status.sample_rates["offcpu_stacks"] == sample
-    frames = [f for st in profile.offcpu.stacks for f in st.frames]
-    tracing = [f for f in frames if f.startswith(("bpf_prog_", "bpf_trace_"))]
-    assert not tracing, "the BPF program's own frames are not the target's"
+    assert not bpf_frames(profile), "the BPF program's own frames are not the target's"
     by_thread: Counter[int] = Counter()
     for st in profile.offcpu.stacks:
         by_thread[st.tid] += st.ns

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import pin_workers
+from conftest import bpf_frames, pin_workers
 from test_probes import semaphores
 
 from kvprof.model.profile import Profile
@@ -102,6 +102,10 @@ def test_baseline_profile_names_the_contention(
     p = Profile.load(out)
     assert p.target.kvs_probes and p.target.pid == server.pid
     assert {"oncpu", "offcpu", "locks", "cachelines", "requests"} <= set(p.collectors)
+    # on-CPU samples land in the kvs programs too, off-CPU and futex stacks are
+    # taken inside BPF: none of BPF's own frames is kept
+    assert p.oncpu and p.offcpu.stacks and p.offcpu.futex
+    assert not bpf_frames(p), bpf_frames(p)
 
     topkeys = next(lk for lk in p.locks if lk.name == "topkeys")
     waits = by_name({t: w.waits for t, w in topkeys.by_thread.items()}, p)

@@ -15,9 +15,25 @@ from typing import Any
 
 from bcc import BPF
 
+# The machinery that runs a BPF program, from the tracepoint, perf event or
+# uprobe that fires it up to the program and the helpers it calls.
 TRACING_FRAMES = (
     "__traceiter_", "perf_trace_", "trace_event_raw_event_", "bpf_trace_run", "__bpf_trace_", "bpf_prog_",
+    "trace_call_bpf", "perf_syscall_enter", "perf_syscall_exit", "bpf_overflow_handler", "__uprobe_perf_func",
+    "uprobe_perf_func", "uretprobe_perf_func",
 )  # fmt: skip
+
+
+def without_tracing(frames: list[str]) -> list[str]:
+    """A kernel stack (root first) cut where the tracing machinery starts: a
+    stack taken inside a BPF program (at a tracepoint, or a sample that hit a
+    uprobe's program) ends in its own frames, which are not the target's cost.
+    Cut at the first such frame, not only trailing ones: a program loaded after
+    BCC read /proc/kallsyms resolves to whatever symbol precedes it."""
+    for i, frame in enumerate(frames):
+        if frame.startswith(TRACING_FRAMES):
+            return frames[:i]
+    return frames
 
 
 class Symbolizer:
@@ -69,12 +85,7 @@ class Symbolizer:
             return []
         if not kernel:
             return [self.user(a) for a in reversed(addrs)]
-        frames = [self.kernel(a) for a in reversed(addrs)]
-        # A stack taken at a tracepoint ends in the tracing machinery that ran
-        # the BPF program (`__traceiter_sched_switch`): not the target's cost.
-        while frames and frames[-1].startswith(TRACING_FRAMES):
-            frames.pop()
-        return frames
+        return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 
 def stack_looks_truncated(frames: list[str]) -> bool:
