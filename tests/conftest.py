@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +31,8 @@ from typing import NamedTuple
 import pytest
 
 from kvprof.model.profile import Profile
-from kvprof.target import Server, die_with_parent, start_kvcached, start_memcached
+from kvprof.pyspy import binary as pyspy_binary
+from kvprof.target import Server, die_with_parent, kvcached_binary, start_kvcached, start_memcached
 
 SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
 
@@ -449,3 +453,62 @@ def bpf_frames(profile: Profile) -> dict[str, list[list[str]]]:
     }
     found = {k: [f for f in stacks if any(BPF_FRAME.match(x) for x in f)] for k, stacks in kinds.items()}
     return {k: v for k, v in found.items() if v}
+
+
+# ---- running as an unprivileged user (65534) ---------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+
+
+class Unprivileged(NamedTuple):
+    """kvprof, kvcached and py-spy copied where user 65534 can read them: the
+    tree under test may sit in a folder only its owner can enter (a 0700
+    `mktemp -d`, root's home). Its commands run from /, with nothing but this."""
+
+    root: Path
+    python: str  # the interpreter behind the venv's, outside the tree
+    kvcached: str
+    env: dict[str, str]
+
+    def kvprof(self, *args: str) -> list[str]:
+        return [self.python, "-m", "kvprof.cli", *args]
+
+    def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd="/",
+            env=self.env,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+        )
+
+
+@pytest.fixture(scope="session")
+def unprivileged() -> Iterator[Unprivileged]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a command as another user")
+    root = Path(tempfile.mkdtemp(prefix="kvprof-nobody-"))  # pytest's own tmp dirs are 0700
+    try:
+        shutil.copytree(
+            REPO / "kvprof", root / "lib" / "kvprof", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        (root / "bin").mkdir()
+        for exe in (kvcached_binary(), Path(pyspy_binary())):
+            shutil.copy2(exe, root / "bin" / exe.name)
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        env = {
+            "PATH": f"{root / 'bin'}:/usr/bin:/bin",
+            "PYTHONPATH": str(root / "lib"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "LANG": "C.UTF-8",
+        }
+        yield Unprivileged(root, python, str(root / "bin" / "kvcached"), env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -5,7 +5,6 @@ BPF under load, clean detach, and one readable line for a PID it cannot use."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import load
 import pytest
+from conftest import NOBODY, Unprivileged
 
 from kvprof.probes import ElfFile, open_process, read_probes
 from kvprof.target import REPO, Server, kvcached_binary
@@ -25,19 +25,11 @@ KVS_PROBES = {
     "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
 }  # fmt: skip
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
-NOBODY = 65534
 
 
-def kvprof(*args: str, user: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def kvprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvprof.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/" if user is not None else REPO,
-        user=user,
-        group=user,
-        extra_groups=[] if user is not None else None,
+        [sys.executable, "-m", "kvprof.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
 
 
@@ -179,38 +171,32 @@ def test_process_without_probes() -> None:
     assert done.stdout == f"PID {sleeper.pid} (sleep): /usr/bin/sleep has no USDT probes\n"
 
 
-def _as_nobody_possible() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to run a command as another user"
-    return None
-
-
-@pytest.mark.skipif(_as_nobody_possible() is not None, reason=str(_as_nobody_possible()))
-def test_not_ours_to_trace(kvcached_factory: Callable[..., Server]) -> None:
+def test_not_ours_to_trace(kvcached_factory: Callable[..., Server], unprivileged: Unprivileged) -> None:
     """An ordinary user on root's kvcached: one line saying to run as root, exit 1."""
     server = kvcached_factory("-t", "1")
-    done = kvprof("probes", "-p", str(server.pid), user=NOBODY)
-    assert (done.returncode, done.stdout) == (1, "")
+    done = unprivileged.run(unprivileged.kvprof("probes", "-p", str(server.pid)))
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
     assert done.stderr == (
         f"kvprof probes: PID {server.pid} (kvcached) is not ours to trace: "
         "run kvprof as root (sudo kvprof ...)\n"
     )
 
 
-@pytest.mark.skipif(_as_nobody_possible() is not None, reason=str(_as_nobody_possible()))
-def test_non_root_cannot_count() -> None:
+def test_non_root_cannot_count(unprivileged: Unprivileged) -> None:
     """An ordinary user on a kvcached of its own: one line, exit 1, no traceback."""
     kvcached = subprocess.Popen(
-        [str(kvcached_binary()), "-l", "127.0.0.1", "-p", "0", "-t", "1"],
+        [unprivileged.kvcached, "-l", "127.0.0.1", "-p", "0", "-t", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        cwd="/",
         user=NOBODY,
         group=NOBODY,
         extra_groups=[],
     )
     try:
         time.sleep(0.3)
-        done = kvprof("probes", "-p", str(kvcached.pid), user=NOBODY)
+        assert kvcached.poll() is None, "kvcached did not start as nobody"
+        done = unprivileged.run(unprivileged.kvprof("probes", "-p", str(kvcached.pid)))
     finally:
         kvcached.send_signal(signal.SIGTERM)
         kvcached.wait(10)

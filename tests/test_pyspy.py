@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import ast
 import os
-import pwd
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Unprivileged
 
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import Topology
@@ -37,13 +36,9 @@ def hot_lines() -> range:
     return range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)
 
 
-def record(pid: int, out: Path, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    prefix = []
-    if user is not None:
-        pw = pwd.getpwnam(user)
-        prefix = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
+def record(pid: int, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*prefix, *KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
+        [*KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
         capture_output=True,
         text=True,
         timeout=180,
@@ -250,10 +245,15 @@ def test_python_on_a_non_python_pid_is_one_line(kvcached: Server, tmp_path: Path
     assert not out.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
-def test_python_without_permission_is_one_line(idle_python: subprocess.Popen[bytes], tmp_path: Path) -> None:
+def test_python_without_permission_is_one_line(
+    idle_python: subprocess.Popen[bytes], unprivileged: Unprivileged
+) -> None:
     """py-spy as nobody on root's Python: one readable line naming the fix, exit 2."""
-    r = record(idle_python.pid, tmp_path / "x.json", "--python", "--collectors", "oncpu", user="nobody")
-    assert r.returncode == 2
+    r = unprivileged.run(
+        unprivileged.kvprof(
+            "record", "-p", str(idle_python.pid), "-o", "/dev/null", "-q", "--python", "--collectors", "oncpu"
+        )
+    )
+    assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "permission denied" in lines[0] and "root" in lines[0], r.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bpf_frames, pin_workers
+from conftest import Unprivileged, bpf_frames, pin_workers
 from test_probes import semaphores
 
 from kvprof.model.profile import Profile
@@ -278,25 +278,9 @@ def test_bad_pids_get_one_line(tmp_path: Path) -> None:
         assert r.stderr.startswith("kvprof record: ")
 
 
-def test_non_root_is_refused_with_the_fix(tmp_path: Path) -> None:
+def test_non_root_is_refused_with_the_fix(tmp_path: Path, unprivileged: Unprivileged) -> None:
     """As an ordinary user: one line saying it needs root, exit 2."""
-    if os.geteuid() != 0:
-        argv = [*KVPROF, "record", "-p", str(os.getpid()), "-d", "1"]
-    else:
-        argv = [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            *KVPROF,
-            "record",
-            "-p",
-            "1",
-            "-d",
-            "1",
-        ]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    r = unprivileged.run(unprivileged.kvprof("record", "-p", "1", "-d", "1"), timeout=60)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "root" in r.stderr
 
