@@ -26,7 +26,11 @@ the CPUs /proc shows it on, read a few times a second (`SocketTally`).
 
 py-spy's failures (no permission, not a CPython process, an unsupported
 Python, a failed native merge) become a PySpyError whose message is one line
-that says what to do.
+that says what to do. Any other failure of one read ("Failed to get stack
+traces": a --nonblocking read that caught the interpreter mid-change) is
+transient: the start check, the start of `py-spy record` and each dump of the
+live view try it again, up to READ_TRIES times in a row, and count the tries
+(`pyspy.retries`); only a target py-spy cannot read at all is refused.
 """
 
 from __future__ import annotations
@@ -61,11 +65,18 @@ _RAW_THREAD = re.compile(r"^thread \((?P<id>0x[0-9A-Fa-f]+|\d+)\)(?:: (?P<name>.
 _SUMMARY = re.compile(r"Samples: (\d+) Errors: (\d+)")
 _STARTED = "Sampling process"
 WARN_ERROR_RATE = 0.01  # above this share of failed samples, the profile says so
+READ_TRIES = 5  # a read failing this many times in a row is not transient
+RETRY_PAUSE_S = 0.1
 
 
 class PySpyError(CollectError):
     """py-spy cannot profile the target; the message is one line that says what to do.
-    A CollectError: py-spy stands in for the on-CPU collector."""
+    A CollectError: py-spy stands in for the on-CPU collector. `transient`: the
+    failure of one read, worth trying again."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def binary() -> str:
@@ -123,6 +134,15 @@ def _comm(pid: int) -> str:
 
 def explain(output: str, pid: int, native: bool = False) -> str:
     """py-spy's error output as one line that says what to do."""
+    return _explain(output, pid, native)[0]
+
+
+def _error(output: str, pid: int, native: bool) -> PySpyError:
+    return PySpyError(*_explain(output, pid, native))
+
+
+def _explain(output: str, pid: int, native: bool) -> tuple[str, bool]:
+    """explain(), and whether the failure is transient (none of the known causes)."""
     text = output.strip()
     comm = _comm(pid)
     who = f"PID {pid} ({comm})" if comm else f"PID {pid}"
@@ -134,20 +154,25 @@ def explain(output: str, pid: int, native: bool = False) -> str:
     if "permission denied" in lowered or "operation not permitted" in lowered:
         return (
             f"py-spy may not read {who}'s memory (permission denied): run kvprof as root (sudo), "
-            "or as the user who owns the process with kernel.yama.ptrace_scope=0"
+            "or as the user who owns the process with kernel.yama.ptrace_scope=0",
+            False,
         )
     if "failed to get process executable name" in lowered or "no such process" in lowered:
-        return f"no process with PID {pid} (it exited?)"
+        return f"no process with PID {pid} (it exited?)", False
     if "failed to find python version" in lowered or "failed to find a python interpreter" in lowered:
         return (
             f"{who} is not a CPython process py-spy can read ({first}): "
-            "drop --python to take its stacks with BPF"
+            "drop --python to take its stacks with BPF",
+            False,
         )
     if "unsupported" in lowered and "python" in lowered:
-        return f"py-spy cannot read the Python in {who} ({first}): upgrade py-spy (`pip install -U py-spy`)"
+        return (
+            f"py-spy cannot read the Python in {who} ({first}): upgrade py-spy (`pip install -U py-spy`)",
+            False,
+        )
     if native and ("native" in lowered or "unwind" in lowered):
-        return f"py-spy could not merge native frames for {who} ({first}): drop --native"
-    return f"py-spy failed on {who}: {first}"
+        return f"py-spy could not merge native frames for {who} ({first}): drop --native", False
+    return f"py-spy failed on {who}: {first}", True
 
 
 def _sampling_flags(native: bool) -> list[str]:
@@ -155,23 +180,30 @@ def _sampling_flags(native: bool) -> list[str]:
     return ["--native"] if native else ["--nonblocking"]
 
 
-def _dump(pid: int, native: bool, timeout: float, *flags: str) -> str:
-    """`py-spy dump` of `pid`: its stdout, or PySpyError with the fix."""
+def _dump(pid: int, native: bool, timeout: float, *flags: str) -> tuple[str, int]:
+    """`py-spy dump` of `pid`, tried again on a transient failure: its stdout and
+    how many tries failed first, or PySpyError with the fix."""
     argv = [binary(), "dump", *_sampling_flags(native), *flags, "-p", str(pid)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise PySpyError(f"py-spy did not read PID {pid} within {timeout:g} s: try again") from None
-    if done.returncode != 0:
-        raise PySpyError(explain(done.stderr + done.stdout, pid, native))
-    return done.stdout
+    for failed in range(READ_TRIES):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise PySpyError(f"py-spy did not read PID {pid} within {timeout:g} s: try again") from None
+        if done.returncode == 0:
+            return done.stdout, failed
+        error = _error(done.stderr + done.stdout, pid, native)
+        if not error.transient or failed == READ_TRIES - 1:
+            raise error
+        time.sleep(RETRY_PAUSE_S)
+    raise AssertionError("unreachable")
 
 
-def check(pid: int, native: bool = False, timeout: float = 20.0) -> str:
+def check(pid: int, native: bool = False, timeout: float = 20.0) -> tuple[str, int]:
     """Reads the target's stacks once (`py-spy dump`); returns its Python line
-    ("Python v3.11.2 (/usr/bin/python3.11)"), PySpyError when py-spy cannot."""
-    out = _dump(pid, native, timeout)
-    return next((ln.strip() for ln in out.splitlines() if ln.startswith("Python v")), "")
+    ("Python v3.11.2 (/usr/bin/python3.11)") and the failed tries before it,
+    PySpyError when py-spy cannot."""
+    out, retries = _dump(pid, native, timeout)
+    return next((ln.strip() for ln in out.splitlines() if ln.startswith("Python v")), ""), retries
 
 
 # ---- where threads run --------------------------------------------------------------------
@@ -284,6 +316,7 @@ def _fill(
     errors: int,
     hz: int,
     failed: str = "",
+    retries: int = 0,
 ) -> None:
     """Puts py-spy's stacks into `profile` as its on-CPU section and says so in
     status.collectors["oncpu"]: "ok (`what`; N of M samples failed (x %))"."""
@@ -305,6 +338,7 @@ def _fill(
     profile.status.collectors["oncpu"] = f"failed: {failed}" if failed else f"ok ({what}{detail})"
     profile.status.counters["pyspy.samples"] = samples
     profile.status.counters["pyspy.errors"] = errors
+    profile.status.counters["pyspy.retries"] = retries  # failed reads tried again (check, start, dumps)
     if rate > WARN_ERROR_RATE:
         profile.status.warnings.append(
             f"py-spy: {errors:,} of {total:,} samples failed ({rate:.1%}): the target's stacks changed "
@@ -349,6 +383,7 @@ class PySpyRecorder:
         self._tally = SocketTally(pid, self.topology)
         self._result: tuple[Stacks, int, int] | None = None
         self.error = ""
+        self.retries = 0  # transient failures tried again
 
     @property
     def _out(self) -> Path:
@@ -364,11 +399,24 @@ class PySpyRecorder:
         return None if python_version(self.pid) is not None else "not a CPython process"
 
     def check(self) -> str:
-        self.python = check(self.pid, self.native)
+        self.python, retries = check(self.pid, self.native)
+        self.retries += retries
         return self.python
 
     def start(self, timeout: float = 20.0) -> None:
-        """Starts sampling; returns once py-spy samples, PySpyError if it cannot."""
+        """Starts sampling; returns once py-spy samples, PySpyError if it cannot
+        (a transient failure to start is tried again)."""
+        for failed in range(READ_TRIES):
+            try:
+                self._start(timeout)
+                return
+            except PySpyError as e:
+                if not e.transient or failed == READ_TRIES - 1:
+                    raise
+                self.retries += 1
+                time.sleep(RETRY_PAUSE_S)
+
+    def _start(self, timeout: float) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="kvprof-pyspy-")
         # --function: a frame is a function (at its first line), not a line of it, as
         # every other frame in kvprof is; flame graphs and findings then count it once
@@ -389,9 +437,9 @@ class PySpyRecorder:
         deadline = time.monotonic() + timeout
         while _STARTED not in self._log.read_text(errors="replace"):
             if self._proc.poll() is not None:
-                message = explain(self._log.read_text(errors="replace"), self.pid, self.native)
+                error = _error(self._log.read_text(errors="replace"), self.pid, self.native)
                 self.close()
-                raise PySpyError(message)
+                raise error
             if time.monotonic() > deadline:
                 self.close()
                 raise PySpyError(f"py-spy did not start sampling PID {self.pid} within {timeout:g} s")
@@ -429,7 +477,7 @@ class PySpyRecorder:
         stacks, samples, errors = self._result
         native = ", native frames merged" if self.native else ""
         what = f"py-spy {version() or '?'}: Python stacks{native}"
-        _fill(profile, stacks, self._tally, what, samples, errors, self.hz, self.error)
+        _fill(profile, stacks, self._tally, what, samples, errors, self.hz, self.error, self.retries)
 
     def close(self) -> None:
         """Stops py-spy if it runs and removes its files; idempotent."""
@@ -556,9 +604,10 @@ class DumpThread:
     frames: list[str]  # root first, `name (file:first line)` as `py-spy record --function` writes them
 
 
-def dump(pid: int, native: bool = False, timeout: float = 10.0) -> list[DumpThread]:
-    """Every thread's Python stack right now (`py-spy dump --json`, --nonblocking unless native)."""
-    out = _dump(pid, native, timeout, "--json")
+def dump(pid: int, native: bool = False, timeout: float = 10.0) -> tuple[list[DumpThread], int]:
+    """Every thread's Python stack right now (`py-spy dump --json`, --nonblocking
+    unless native), and the failed tries before it."""
+    out, retries = _dump(pid, native, timeout, "--json")
     try:
         traces = json.loads(out)
     except json.JSONDecodeError:
@@ -572,7 +621,7 @@ def dump(pid: int, native: bool = False, timeout: float = 10.0) -> list[DumpThre
         ]
         tid = t.get("os_thread_id") or t.get("thread_id") or 0
         threads.append(DumpThread(int(tid), t.get("thread_name") or "", bool(t.get("active")), frames))
-    return threads
+    return threads, retries
 
 
 class DumpSampler:
@@ -595,6 +644,7 @@ class DumpSampler:
         self.names: dict[int, str] = {}
         self.samples = 0
         self.errors = 0
+        self.retries = 0  # transient failures tried again
         self.error = ""  # the last failure, one line
         self._tally = SocketTally(pid, self.topology, interval=interval)
         self._lock = threading.Lock()
@@ -605,14 +655,14 @@ class DumpSampler:
         return None if python_version(self.pid) is not None else "not a CPython process"
 
     def start(self) -> None:
-        dump(self.pid, self.native)  # PySpyError now, in the caller, rather than in the thread
+        _, self.retries = dump(self.pid, self.native)  # PySpyError now, in the caller, not in the thread
         self._thread = threading.Thread(target=self._run, name="kvprof-pyspy-dump", daemon=True)
         self._thread.start()
 
     def sample(self) -> None:
         """One dump, added to the counts."""
         try:
-            threads = dump(self.pid, self.native)
+            threads, retries = dump(self.pid, self.native)
         except PySpyError as e:
             with self._lock:
                 self.errors += 1
@@ -621,6 +671,7 @@ class DumpSampler:
         self._tally.tick()
         with self._lock:
             self.samples += 1
+            self.retries += retries
             for t in threads:
                 if t.name:
                     self.names[t.tid] = t.name
@@ -638,9 +689,11 @@ class DumpSampler:
             stacks = Stacks(
                 [CpuStack(tid, list(frames), n) for (tid, frames), n in self.counts.items()], dict(self.names)
             )
-            samples, errors = self.samples, self.errors
+            samples, errors, retries = self.samples, self.errors, self.retries
         hz = max(1, round(1 / self.interval))
-        _fill(profile, stacks, self._tally, "py-spy dump: Python stacks", samples, errors, hz)
+        _fill(
+            profile, stacks, self._tally, "py-spy dump: Python stacks", samples, errors, hz, retries=retries
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -21,7 +21,8 @@ from conftest import Unprivileged
 
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import Topology
-from kvprof.pyspy import DumpSampler, SocketTally, explain, first_line, parse_raw, python_version
+from kvprof.pyspy import READ_TRIES, DumpSampler, SocketTally, explain, first_line, parse_raw, python_version
+from kvprof.pyspy import binary as pyspy_binary
 from kvprof.target import Server, die_with_parent
 
 KVPROF = [sys.executable, "-m", "kvprof.cli"]
@@ -36,14 +37,95 @@ def hot_lines() -> range:
     return range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)
 
 
-def record(pid: int, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def record(
+    pid: int, out: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
         capture_output=True,
         text=True,
         timeout=180,
         check=False,
+        env=env,
     )
+
+
+BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: sum(range(99))"
+
+
+@pytest.fixture
+def busy_python() -> Iterator[subprocess.Popen[bytes]]:
+    """A CPython process spinning in <module>; stopped at teardown."""
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=die_with_parent)
+    time.sleep(0.3)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def flaky_pyspy(bin_dir: Path, fails: int) -> dict[str, str]:
+    """A `py-spy` first on PATH whose first `fails` dumps and records fail as a
+    --nonblocking read that caught the interpreter mid-change does (py-spy's
+    own message), and run the real py-spy after that. Each call is logged in
+    bin_dir/calls. Returns the environment that puts it first."""
+    bin_dir.mkdir()
+    wrapper = bin_dir / "py-spy"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'echo "$1" >> "{bin_dir}/calls"\n'
+        'case "$1" in dump|record)\n'
+        f'  n=$(grep -c "^$1$" "{bin_dir}/calls")\n'
+        f'  if [ "$n" -le {fails} ]; then echo "Error: Failed to get stack traces" >&2; exit 1; fi;;\n'
+        "esac\n"
+        f'exec "{pyspy_binary()}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_transient_pyspy_failures_are_retried_and_counted(
+    busy_python: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """py-spy fails its first dump (the start check) and its first record: the
+    recording still succeeds, and says it tried twice again."""
+    env = flaky_pyspy(tmp_path / "bin", fails=1)
+    out = tmp_path / "py.json"
+    r = record(busy_python.pid, out, "-d", "1", "--python", "--collectors", "oncpu", env=env)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "bin" / "calls").read_text().split()
+    assert calls.count("dump") == 2 and calls.count("record") == 2, calls
+    p = Profile.load(out)
+    assert p.status.collectors["oncpu"].startswith("ok (py-spy"), p.status.collectors
+    assert p.status.counters["pyspy.retries"] == 2
+    assert sum(s.count for s in p.oncpu) > 0
+
+
+def test_pyspy_that_never_reads_is_refused(busy_python: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """A target py-spy fails to read every time: refused after READ_TRIES tries, one line."""
+    env = flaky_pyspy(tmp_path / "bin", fails=100)
+    r = record(busy_python.pid, tmp_path / "x.json", "-d", "1", "--python", "--collectors", "oncpu", env=env)
+    assert r.returncode == 2, r.stderr
+    assert (
+        r.stderr.strip()
+        == f"kvprof record: py-spy failed on PID {busy_python.pid} (python3): Failed to get stack traces"
+    )
+    calls = (tmp_path / "bin" / "calls").read_text().split()
+    assert calls.count("dump") == READ_TRIES and "record" not in calls, calls
+
+
+def test_dump_sampler_retries_a_transient_failure(
+    busy_python: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live view's first dump fails once: it starts anyway and counts the retry."""
+    monkeypatch.setenv("PATH", flaky_pyspy(tmp_path / "bin", fails=1)["PATH"])
+    sampler = DumpSampler(busy_python.pid, interval=0.1)
+    sampler.start()
+    time.sleep(0.5)
+    sampler.close()
+    p = Profile(target=Target(pid=busy_python.pid))
+    sampler.contribute(p)
+    assert p.status.counters["pyspy.retries"] == 1
+    assert p.status.counters["pyspy.samples"] > 0
 
 
 @pytest.fixture
@@ -143,8 +225,7 @@ def test_first_line_is_the_functions() -> None:
 
 def test_dump_sampler_counts_a_busy_thread() -> None:
     """The live source (`py-spy dump` in a loop) counts the busy thread's stack, per thread, as py-spy's."""
-    busy = "import time\nend = time.time() + 60\nwhile time.time() < end: sum(range(99))"
-    spin = subprocess.Popen([sys.executable, "-c", busy], preexec_fn=die_with_parent)
+    spin = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=die_with_parent)
     try:
         time.sleep(0.3)
         sampler = DumpSampler(spin.pid, interval=0.1)
