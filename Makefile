@@ -36,6 +36,7 @@ build:
 
 test: setup build vm-check vm-test
 	$(MAKE) -C server check
+	$(MAKE) fuzz FUZZ_SECONDS=30
 ifeq ($(AS_ROOT),)
 	$(PYTEST) tests -v --ignore=$(VM_TESTS)
 else
@@ -45,7 +46,18 @@ else
 endif
 	KVCACHED_BIN=$(ASAN_KVCACHED) $(PYTEST) $(SANITIZED_TESTS)
 
-.PHONY: vm-test vm-check
+.PHONY: vm-test vm-check fuzz soak
+
+# libFuzzer on the protocol parser and command processing (server/fuzz/, ASan+UBSan),
+# FUZZ_SECONDS long. New inputs go to build/fuzz/corpus, crashes to build/fuzz/crash-*;
+# the committed seeds (server/fuzz/corpus) are read, not written.
+FUZZ_SECONDS ?= 300
+fuzz: setup
+	$(MAKE) -C server fuzz
+	mkdir -p build/fuzz/corpus
+	server/build-fuzz/fuzz_protocol -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz/ build/fuzz/corpus server/fuzz/corpus
+
 
 # A two-socket, two-NUMA-node Debian guest under QEMU TCG records kvcached with
 # kvprof; the host then checks the profile it wrote. The guest image is cached

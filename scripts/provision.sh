@@ -165,6 +165,11 @@ fi
 # Debian's archive key for that); make vm-check runs vagrant validate, with the
 # libvirt plugin so the libvirt block is checked too, and shellcheck.
 PKGS+=(qemu-system-x86 debootstrap e2fsprogs shellcheck)
+# make fuzz: libFuzzer with ASan+UBSan from clang (its runtime is libclang-rt-N-dev).
+PKGS+=(clang)
+if [[ $OS_ID == debian ]]; then
+    PKGS+=(libclang-rt-14-dev)
+fi
 VM_OPTIONAL=()
 if [[ $OS_ID == debian ]]; then
     PKGS+=(vagrant vagrant-libvirt)
