@@ -48,14 +48,22 @@ endif
 
 .PHONY: vm-test vm-check fuzz soak
 
+# record and top attached and detached SOAK_CYCLES times (normal end, SIGINT, SIGKILL)
+# on a kvcached under kvload --verify; bench/soak.py. Not part of `make test`, which
+# runs 5 cycles of it (tests/test_soak.py).
+SOAK_CYCLES ?= 50
+soak: setup build
+	$(AS_ROOT) $(VENV)/bin/python bench/soak.py --cycles $(SOAK_CYCLES)
+
 # libFuzzer on the protocol parser and command processing (server/fuzz/, ASan+UBSan),
 # FUZZ_SECONDS long. New inputs go to build/fuzz/corpus, crashes to build/fuzz/crash-*;
-# the committed seeds (server/fuzz/corpus) are read, not written.
+# the committed seeds (server/fuzz/corpus) are read, not written. Inputs are kept under
+# 20,000 bytes (faster runs); lines past the 64 KB limit are tests/test_bad_input.py's.
 FUZZ_SECONDS ?= 300
 fuzz: setup
 	$(MAKE) -C server fuzz
 	mkdir -p build/fuzz/corpus
-	server/build-fuzz/fuzz_protocol -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	server/build-fuzz/fuzz_protocol -max_total_time=$(FUZZ_SECONDS) -max_len=20000 -print_final_stats=1 \
 	    -artifact_prefix=build/fuzz/ build/fuzz/corpus server/fuzz/corpus
 
 
