@@ -3,9 +3,10 @@
 # by scripts/vm-initrd-init.sh from the payload unpacked into /opt/kvprof).
 #
 # Runs kvcached --preset baseline with 4 workers pinned two per socket, drives
-# it with kvload, records it with `kvprof record --collectors cachelines`, and
-# writes /out (profile.json plus logs) as a tar onto the third disk, which the
-# host reads back. Lines starting with VMTEST go to the serial console, where
+# it with kvload, records it with `kvprof record --collectors cachelines` (then
+# 3 s of on-CPU and off-CPU stacks into stacks.json), and writes /out
+# (profile.json plus logs) as a tar onto the third disk, which the host reads
+# back. Lines starting with VMTEST go to the serial console, where
 # the host prints them. Settings come from /opt/kvprof/vm.env (written by
 # vm-test.sh). The guest powers itself off at the end, whatever happened.
 set -euo pipefail
@@ -152,3 +153,11 @@ while read -r line; do say "record: $line"; done <"$OUT/record.log"
 say "stage record $(elapsed "$t") s (exit $rc)"
 [[ $rc -eq 0 ]] || die "kvprof record failed"
 kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvload.log")"
+
+# A short second recording with the stack collectors (on-CPU, off-CPU, futex
+# waits) under the same load: the host checks that none of the guest kernel's
+# BPF frames reaches a stack (tests/test_vm.py).
+t=$EPOCHREALTIME
+python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" --collectors oncpu,offcpu \
+    >"$OUT/record-stacks.log" 2>&1 || die "kvprof record of the stacks failed: $(tail -n 3 "$OUT/record-stacks.log")"
+say "stage record-stacks $(elapsed "$t") s"

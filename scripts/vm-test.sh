@@ -379,7 +379,7 @@ boot() {
 stage boot boot
 
 readback() {
-    rm -f "$OUT"/{profile.json,exit-status,kvcached.log,kvload.log,record.log,topology.txt}
+    rm -f "$OUT"/{profile.json,stacks.json,exit-status,kvcached.log,kvload.log,record.log,record-stacks.log,topology.txt}
     tar -x -f "$RUN/out.img" -C "$OUT" || die "no output tar on the guest's third disk"
     [[ -f $OUT/exit-status ]] || die "the guest wrote no output (see $OUT/serial.log)"
     [[ $(cat "$OUT/exit-status") == 0 ]] || die "the guest run failed (exit $(cat "$OUT/exit-status")); see $OUT/serial.log"

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import bpf_frames
 
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
@@ -87,3 +88,14 @@ def test_on_create_item_line_crosses_sockets_both_ways(profile: Profile) -> None
     assert line.socket_matrix[0][1] > 0 and line.socket_matrix[1][0] > 0, line.socket_matrix
     workers = {profile.threads[tid].name for tid in line.by_thread if tid in profile.threads}
     assert workers == {f"kv-worker-{n}" for n in range(4)}
+
+
+def test_no_bpf_frame_in_the_guests_stacks(vm_out: Path) -> None:
+    """The guest's second recording (on-CPU, off-CPU, futex waits under load): the
+    guest kernel's tracing machinery and BPF programs are cut from every stack."""
+    path = vm_out / "stacks.json"
+    assert path.is_file(), f"the guest wrote no stacks.json; see {vm_out / 'record-stacks.log'}"
+    p = Profile.load(path)
+    assert p.oncpu and p.offcpu.stacks and p.offcpu.futex
+    assert any(f.endswith("_[k]") for s in p.offcpu.stacks for f in s.frames)  # kernel frames are there
+    assert not bpf_frames(p), bpf_frames(p)
