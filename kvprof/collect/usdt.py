@@ -219,9 +219,10 @@ def readarg_code(elf: ElfFile, sites: list[UsdtProbe], probes: dict[str, str]) -
         # With several sites BCC tells them apart by address modulo the page
         # size when that is unique, else by absolute address, which a copy
         # made for a file gives unrelocated.
+        page = os.sysconf("SC_PAGE_SIZE")
         for name in probes:
             pcs = [s.location for s in sites if s.name == name]
-            if len(pcs) > 1 and len({pc % 4096 for pc in pcs}) < len(pcs):
+            if len(pcs) > 1 and len({pc % page for pc in pcs}) < len(pcs):
                 raise CollectError(
                     f"kvs:{name} has sites that share a page offset: its arguments cannot be told apart"
                 )
