@@ -41,7 +41,7 @@
 #
 # Environment: KVPROF_VM_DIR (cache, default build/vm), KVPROF_VM_MIRROR and
 # KVPROF_VM_SECURITY_MIRROR (Debian mirrors; default: the host's, else
-# deb.debian.org), KVPROF_VM_TIMEOUT (seconds the guest may run, default 420).
+# deb.debian.org), KVPROF_VM_TIMEOUT (seconds the guest may run, default 600).
 # Needs root (debootstrap, chroot) and qemu-system-x86, debootstrap, e2fsprogs
 # (scripts/provision.sh installs them).
 set -euo pipefail
@@ -51,7 +51,7 @@ WORK=${KVPROF_VM_DIR:-$REPO/build/vm}
 OUT=$WORK/out
 REBUILD=no
 KEEP=no
-GUEST_TIMEOUT=${KVPROF_VM_TIMEOUT:-420}
+GUEST_TIMEOUT=${KVPROF_VM_TIMEOUT:-600}
 # qemu64 (SSE2) plus rdtscp, which kvcached's cycle counts use: with -cpu
 # max, glibc and LLVM pick AVX code paths that TCG emulates slowly, and the
 # guest run took 2.5x as long here (record 149 s against 64 s).
