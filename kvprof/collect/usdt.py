@@ -27,6 +27,7 @@ bcc is imported only when a program is loaded, so `kvs_probes()` and
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import platform
@@ -179,9 +180,15 @@ def attach_uprobe(prog_fd: int, path: str, offset: int, ref_ctr_offset: int, pid
     fd = int(libc.syscall(nr, ctypes.byref(attr), pid, -1, -1, PERF_FLAG_FD_CLOEXEC))
     if fd < 0:
         err = ctypes.get_errno()
-        raise CollectError(
-            f"cannot attach a uprobe to {path} at 0x{offset:x} in PID {pid}: {os.strerror(err)}"
-        )
+        why = os.strerror(err)
+        if err == errno.EINVAL and ref_ctr_offset:
+            # The kernel keeps one semaphore offset per probe site and file: a tracer
+            # that raises semaphores itself (BCC's USDT tools) attached it with another.
+            why += (
+                " (another tracer has a uprobe on this probe site with another semaphore offset, "
+                "e.g. a BCC USDT tool: detach it first)"
+            )
+        raise CollectError(f"cannot attach a uprobe to {path} at 0x{offset:x} in PID {pid}: {why}")
     try:
         fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
         fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
