@@ -86,18 +86,20 @@ def test_t_test_edge_cases() -> None:
 
 
 def test_verdict_rules() -> None:
-    """UNSTABLE above 10 % CV; otherwise IMPROVEMENT/REGRESSION strictly beyond max(3 %, larger CV)."""
-    assert stats.verdict(0.50, 0.11, 0.01) == stats.UNSTABLE
-    assert stats.verdict(0.50, 0.01, 0.101) == stats.UNSTABLE
-    assert stats.verdict(0.05, 0.01, 0.01) == stats.IMPROVEMENT
-    assert stats.verdict(-0.05, 0.01, 0.01) == stats.REGRESSION
-    assert stats.verdict(0.02, 0.01, 0.01) == stats.NO_CHANGE
-    assert stats.verdict(0.03, 0.0, 0.0) == stats.NO_CHANGE  # at the waterline is not beyond it
-    assert stats.verdict(0.06, 0.07, 0.01) == stats.NO_CHANGE  # the larger CV raises the waterline
-    assert stats.verdict(0.08, 0.01, 0.07) == stats.IMPROVEMENT
-    assert stats.verdict(-0.10, 0.10, 0.10) == stats.NO_CHANGE  # CV of exactly 10 % is still judged
-    assert stats.waterline(0.01, 0.02) == 0.03
-    assert stats.waterline(0.05, 0.02) == 0.05
+    """UNSTABLE above a 10 % spread; IMPROVEMENT/REGRESSION strictly beyond max(3 %, spread) and
+    only when the test is significant; else no change."""
+    assert stats.verdict(0.50, 0.11, True) == stats.UNSTABLE
+    assert stats.verdict(0.05, 0.01, True) == stats.IMPROVEMENT
+    assert stats.verdict(-0.05, 0.01, True) == stats.REGRESSION
+    assert stats.verdict(0.05, 0.01, False) == stats.NO_CHANGE  # beyond the line but not significant
+    assert stats.verdict(0.05, 0.01, None) == stats.NO_CHANGE  # too few rounds to test
+    assert stats.verdict(0.02, 0.01, True) == stats.NO_CHANGE
+    assert stats.verdict(0.03, 0.0, True) == stats.NO_CHANGE  # at the waterline is not beyond it
+    assert stats.verdict(0.06, 0.07, True) == stats.NO_CHANGE  # the spread raises the waterline
+    assert stats.verdict(0.08, 0.07, True) == stats.IMPROVEMENT
+    assert stats.verdict(-0.12, 0.10, True) == stats.REGRESSION  # a spread of exactly 10 % is still judged
+    assert stats.waterline(0.02) == 0.03
+    assert stats.waterline(0.05) == 0.05
 
 
 def test_paired_ratios() -> None:
@@ -106,19 +108,74 @@ def test_paired_ratios() -> None:
     assert stats.paired_ratios([100.0, 200.0], [110.0]) == []
 
 
+def test_paired_t_test_exact() -> None:
+    """The paired test is a one-sample t-test of log(ratio) against 0, with n - 1 degrees of freedom."""
+    ratios = [1.1, 1.15, 1.2]
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    t = stats.paired_t_test(ratios)
+    assert t is not None and t.df == 2 and t.critical == 4.303
+    assert t.t == pytest.approx(mean / (sd / math.sqrt(3)))
+    assert t.significant
+    assert stats.paired_t_test([1.0]) is None
+    flat = stats.paired_t_test([1.0, 1.0])
+    assert flat is not None and not flat.significant
+    steady = stats.paired_t_test([0.9, 0.9, 0.9])
+    assert steady is not None and steady.significant and steady.t == -math.inf
+    # 2x and 0.5x are equally far from no change
+    assert stats.paired_t_test([2.0, 0.5]).t == pytest.approx(0.0)  # type: ignore[union-attr]
+
+
+def test_verdict_steady_ratios_under_noisy_variants() -> None:
+    """Each variant's CV of ops/s is far above 10 % (the host moved the CPUs between rounds), but
+    every round the new variant is 1.45x the reference: the paired verdict is IMPROVEMENT."""
+    base = [1.00e6, 1.40e6, 0.80e6, 1.30e6, 0.70e6, 1.20e6]
+    factors = [1.44, 1.47, 1.43, 1.46, 1.45, 1.44]
+    new = [b * f for b, f in zip(base, factors, strict=True)]
+    assert stats.cv(base) > 0.2 and stats.cv(new) > 0.2
+    c = stats.compare(base, new)
+    assert c.paired and c.significant is True
+    assert c.ratio == pytest.approx(1.445)
+    assert c.spread < 0.02
+    assert c.verdict == stats.IMPROVEMENT
+    assert c.base_cv == pytest.approx(stats.cv(base))  # still there for the table
+    # the same samples as two unrelated result files cannot be judged
+    assert stats.compare_unpaired(base, new).verdict == stats.UNSTABLE
+    # and a steady 0.8x is a REGRESSION
+    assert stats.compare(base, [b * 0.8 for b in base]).verdict == stats.REGRESSION
+
+
+def test_verdict_noisy_ratios() -> None:
+    """Ratios that swing from 0.8x to 1.5x round to round are UNSTABLE however quiet each variant
+    looks; ratios that are a little noisy (CV 5 %) around 1.02x are no change, not significant."""
+    base = [1.00e6, 1.01e6, 0.99e6, 1.00e6, 1.02e6, 0.98e6]
+    swinging = [b * f for b, f in zip(base, [0.8, 1.5, 0.9, 1.4, 1.0, 1.3], strict=True)]
+    c = stats.compare(base, swinging)
+    assert stats.cv(base) < 0.02
+    assert c.spread > 0.10 and c.verdict == stats.UNSTABLE
+    wobbly = [b * f for b, f in zip(base, [1.08, 0.97, 1.04, 0.96, 1.07, 1.00], strict=True)]
+    w = stats.compare(base, wobbly)
+    assert 0.03 < w.spread < 0.10
+    assert w.significant is False and w.verdict == stats.NO_CHANGE
+
+
 def test_compare_on_ops_samples() -> None:
-    """compare() takes ops/s samples: ratio of medians, CVs, significance on 1/ops, verdict."""
+    """compare() takes ops/s samples: median per-round ratio, CVs, significance, verdict; with
+    different run counts it falls back to the unpaired comparison."""
     c = stats.compare([100.0, 101.0, 99.0], [120.0, 121.0, 119.0])
-    assert c.ratio == pytest.approx(1.2)
+    assert c.ratio == pytest.approx(1.2, rel=1e-3)
     assert c.base_cv == pytest.approx(0.01)
     assert c.significant is True
     assert c.verdict == stats.IMPROVEMENT
     worse = stats.compare([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
-    assert worse.verdict == stats.REGRESSION and worse.ratio == pytest.approx(0.9)
-    noisy = stats.compare([100.0, 130.0, 80.0], [120.0, 121.0, 119.0])
+    assert worse.verdict == stats.REGRESSION and worse.ratio == pytest.approx(0.9, rel=1e-3)
+    same = stats.compare([100.0, 101.0, 99.0], [100.5, 100.5, 100.5])
+    assert same.verdict == stats.NO_CHANGE
+    uneven = stats.compare([100.0, 101.0, 99.0], [120.0, 121.0])
+    assert not uneven.paired and uneven.ratio == pytest.approx(120.5 / 100.0)
+    noisy = stats.compare_unpaired([100.0, 130.0, 80.0], [120.0, 121.0, 119.0])
     assert noisy.verdict == stats.UNSTABLE
-    same = stats.compare([100.0, 101.0, 99.0], [100.5, 101.5, 99.5])
-    assert same.verdict == stats.NO_CHANGE and same.significant is False
 
 
 # ---------------------------------------------------------------- variants and scenarios
@@ -371,11 +428,14 @@ def test_table_fits_80_columns() -> None:
         results.Measured("fixed t=16", "16 workers", (2e7, 2.05e7), server_ns_per_op=(400, 420)),
     ]
     lines = table.render_bench(measured)
-    assert lines[0].split() == ["variant", "ops/s", "CV", "%", "ratio", "cpu", "ns/op", "sig", "verdict"]
+    head = ["variant", "ops/s", "CV", "%", "ratio", "rCV", "%", "cpu", "ns/op", "sig", "verdict"]
+    assert lines[0].split() == head
     assert lines[1] == "16 workers"
-    assert lines[2].endswith("1.000       705       reference")
-    assert lines[2].startswith("  baseline+topkeys+timings…")
-    assert lines[3].split() == ["fixed", "t=16", "20,250,000", "1.7", "1.929", "410", "yes", "IMPROVEMENT"]
+    assert lines[2].endswith("1.000             705       reference")
+    assert lines[2].startswith("  baseline+topkeys+tim…")
+    # the ratio is the median of the per-round ratios (2.00 and 1.86), not of the medians (1.929)
+    row = ["fixed", "t=16", "20,250,000", "1.7", "1.932", "5.0", "410", "yes", "IMPROVEMENT"]
+    assert lines[3].split() == row
     # per-round ratios 2.00 and 1.86: their spread with the drift between rounds divided out
     assert lines[4] == "ratio within each round (min / median / max, CV of the ratios):"
     assert lines[5] == "  fixed t=16: 1.86 / 1.93 / 2.00, CV 5.0 %"

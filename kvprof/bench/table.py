@@ -16,18 +16,24 @@ from kvprof.bench.results import Measured
 WIDTH = 80
 INDENT = "  "
 
-CV_LEGEND = "CV: stdev / mean over the runs. "
+CV_LEGEND = "CV: stdev / mean of ops/s over the runs, for information. "
 CPU_LEGEND = (
     "cpu ns/op: the server's CPU time per operation (median), less sensitive than ops/s to what "
     "else runs on the machine. "
 )
-RULES_LEGEND = (
-    "sig: two-sample t-test at 95 % (pyperf's, on seconds per op). verdict: UNSTABLE when either "
-    "CV > 10 %, IMPROVEMENT or REGRESSION when the change exceeds max(3 %, the larger CV), else "
-    "no change."
+PAIRED_LEGEND = (
+    "ratio: the median over the rounds of this variant's ops/s / the group's first variant's in "
+    "the same round; rCV: the CV of those per-round ratios. sig: paired t-test at 95 % on the "
+    "logs of the per-round ratios. verdict: UNSTABLE when rCV > 10 %, IMPROVEMENT or REGRESSION "
+    "when the ratio moves by more than max(3 %, rCV) and sig says yes, else no change."
 )
-LEGEND = "ratio: median ops/s / the group's first variant's. " + CV_LEGEND + CPU_LEGEND + RULES_LEGEND
-COMPARE_LEGEND = "ratio: new median ops/s / old. " + CV_LEGEND + RULES_LEGEND
+UNPAIRED_LEGEND = (
+    "sig: two-sample t-test at 95 % (pyperf's, on seconds per op). verdict: UNSTABLE when either "
+    "CV > 10 %, IMPROVEMENT or REGRESSION when the change exceeds max(3 %, the larger CV) and sig "
+    "says yes, else no change."
+)
+LEGEND = CV_LEGEND + CPU_LEGEND + PAIRED_LEGEND
+COMPARE_LEGEND = "ratio: new median ops/s / old. " + CV_LEGEND + UNPAIRED_LEGEND
 
 
 def wrap(text: str) -> list[str]:
@@ -58,6 +64,7 @@ class Row:
     median: float
     cv: float
     ratio: float | None  # None for a group's reference
+    spread: float | None  # the CV of the per-round ratios
     cpu_ns: float | None  # median server CPU time per operation
     significant: bool | None
     verdict: str
@@ -70,10 +77,10 @@ def rows(group: Sequence[Measured]) -> list[Row]:
     for i, m in enumerate(group):
         cpu = stats.median(m.server_ns_per_op) if m.server_ns_per_op else None
         if i == 0:
-            out.append(Row(m.name, stats.median(m.ops), stats.cv(m.ops), None, cpu, None, "reference"))
+            out.append(Row(m.name, stats.median(m.ops), stats.cv(m.ops), None, None, cpu, None, "reference"))
             continue
         c = stats.compare(ref.ops, m.ops)
-        out.append(Row(m.name, c.new_median, c.new_cv, c.ratio, cpu, c.significant, c.verdict))
+        out.append(Row(m.name, c.new_median, c.new_cv, c.ratio, c.spread, cpu, c.significant, c.verdict))
     return out
 
 
@@ -125,18 +132,17 @@ def _paired_lines(measured: Sequence[Measured]) -> list[str]:
                 lines.append(f"  {m.name}: {spread}, CV {100 * stats.cv(ratios):.1f} %")
     if not lines:
         return []
-    # The CV of the ratios is what is left once the drift that moves a whole
-    # round together is divided out; the verdict keeps the Redis rule (CV of ops/s).
     return ["ratio within each round (min / median / max, CV of the ratios):", *lines]
 
 
 def render_bench(measured: Sequence[Measured], title: Sequence[str] = (), legend: bool = True) -> list[str]:
-    """The main table: per group, median ops/s, CV, ratio, server CPU per op, t-test, verdict."""
+    """The main table: per group, median ops/s, CV, per-round ratio and its CV,
+    server CPU per op, paired t-test, verdict."""
     with_cpu = any(m.server_ns_per_op for m in measured)
-    rest = 11 + 7 + 7 + (10 if with_cpu else 0) + 5 + 13
+    rest = 11 + 6 + 6 + 6 + (10 if with_cpu else 0) + 5 + 13
     name_w = min(max((len(INDENT) + len(m.name) for m in measured), default=10), WIDTH - rest)
     name_w = max(name_w, len("variant"))
-    head = f"{'variant':<{name_w}}{'ops/s':>11}{'CV %':>7}{'ratio':>7}"
+    head = f"{'variant':<{name_w}}{'ops/s':>11}{'CV %':>6}{'ratio':>6}{'rCV %':>6}"
     head += f"{'cpu ns/op':>10}" if with_cpu else ""
     head += f"{'sig':>5}  {'verdict'}"
     lines = [*title, head]
@@ -144,8 +150,9 @@ def render_bench(measured: Sequence[Measured], title: Sequence[str] = (), legend
         if group:
             lines.append(_fit(group, WIDTH))
         for r in rows(members):
-            line = f"{_fit(INDENT + r.name, name_w):<{name_w}}{r.median:>11,.0f}{100 * r.cv:>7.1f}"
-            line += f"{'1.000' if r.ratio is None else f'{r.ratio:.3f}':>7}"
+            line = f"{_fit(INDENT + r.name, name_w):<{name_w}}{r.median:>11,.0f}{100 * r.cv:>6.1f}"
+            line += f"{'1.000' if r.ratio is None else f'{r.ratio:.3f}':>6}"
+            line += f"{'' if r.spread is None else f'{100 * r.spread:.1f}':>6}"
             if with_cpu:
                 line += f"{'-' if r.cpu_ns is None else f'{r.cpu_ns:,.0f}':>10}"
             line += f"{'' if r.ratio is None else _sig(r.significant):>5}  {r.verdict}"
@@ -173,7 +180,7 @@ def render_compare(
         if group:
             lines.append(_fit(group, WIDTH))
         for m in members:
-            c = stats.compare(by_name[m.name].ops, m.ops)
+            c = stats.compare_unpaired(by_name[m.name].ops, m.ops)
             cvs = f"{100 * c.base_cv:.1f}/{100 * c.new_cv:.1f}"
             lines.append(
                 f"{_fit(INDENT + m.name, name_w):<{name_w}}{c.base_median:>11,.0f}{c.new_median:>11,.0f}"
