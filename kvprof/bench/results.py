@@ -87,7 +87,10 @@ def run_metadata(scenario: str, vr: VariantRuns, run: RunResult, host: Metadata)
         "cacheline_rt_ns_after": run.rt_after_ns,
     }
     if v.server.kind == KVCACHED:
-        meta["preset"] = v.server.label
+        meta["preset"] = "+".join((v.server.preset, *v.server.flipped))
+        meta["key_compare"] = v.server.key_compare or "default"
+        meta["revision"] = v.server.revision
+        meta["commit"] = v.server.commit
         for site, mode in v.server.site_modes().items():
             meta[f"site_{site.replace('-', '_')}"] = mode
     for name, value in run.latency_us.items():

@@ -151,7 +151,9 @@ class Bench:
                 if config.kind == MEMCACHED:
                     server = start_memcached(config.args())
                 else:
-                    server = start_kvcached(config.args())
+                    server = start_kvcached(
+                        config.args(), binary=Path(config.binary) if config.binary else None
+                    )
             except TargetError as e:
                 raise BenchError(f"cannot start {config.kind} {' '.join(config.args())}: {e}") from None
             self.servers[config] = server

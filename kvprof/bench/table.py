@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvprof.bench import atomics, placement, stats
+from kvprof.bench import atomics, instructions, placement, stats
 from kvprof.bench.results import Measured
 
 WIDTH = 80
@@ -234,4 +234,70 @@ def render_atomics(results: Sequence[atomics.ConfigRuns], multi_socket: bool) ->
     if cross:
         lines += wrap("cross-socket vs same-socket: " + ", ".join(cross))
     lines.append("ns/op: nanoseconds per increment per thread (threads / ops/s).")
+    return lines
+
+
+INSTRUCTIONS_LEGEND = (
+    "instr/op: instructions per operation counted by cachegrind (median over the rounds), CV "
+    "its spread; ratio: to the group's first variant. D1 / LL miss/op: simulated first-level "
+    "data and last-level cache misses per operation. Per operation means the difference of two "
+    "runs of the same server, one with more requests, divided by the extra operations: "
+    "start-up and population cancel out."
+)
+
+
+def render_instructions(done: Sequence[instructions.VariantRounds]) -> list[str]:
+    """Instructions and cache misses per operation per variant, then the functions whose
+    instructions per operation changed most against each group's first variant."""
+    measured = [vr for vr in done if vr.rounds]
+    rest = 11 + 6 + 7 + 11 + 11
+    name_w = min(max((len(INDENT) + len(vr.variant.name) for vr in measured), default=10), WIDTH - rest)
+    name_w = max(name_w, len("variant"))
+    lines = [
+        f"{'variant':<{name_w}}{'instr/op':>11}{'CV %':>6}{'ratio':>7}{'D1 miss/op':>11}{'LL miss/op':>11}"
+    ]
+    by_group: dict[str, list[instructions.VariantRounds]] = {}
+    for vr in measured:
+        by_group.setdefault(vr.variant.group, []).append(vr)
+    diffs: list[str] = []
+    for group, members in by_group.items():
+        lines.append(_fit(group, WIDTH))
+        ref = stats.median([r.instructions for r in members[0].rounds])
+        for vr in members:
+            ir = [r.instructions for r in vr.rounds]
+            med = stats.median(ir)
+            d1 = stats.median([r.d1 for r in vr.rounds])
+            ll = stats.median([r.ll for r in vr.rounds])
+            lines.append(
+                f"{_fit(INDENT + vr.variant.name, name_w):<{name_w}}{med:>11,.1f}{100 * stats.cv(ir):>6.2f}"
+                f"{med / ref:>7.3f}{d1:>11.2f}{ll:>11.3f}"
+            )
+        for vr in members[1:]:
+            diffs += function_diff(members[0], vr)
+    return lines + diffs + wrap(INSTRUCTIONS_LEGEND)
+
+
+def function_diff(base: instructions.VariantRounds, new: instructions.VariantRounds) -> list[str]:
+    """The functions whose median instructions per operation changed most, new - base (like
+    `cg_diff` then `cg_annotate`)."""
+
+    def per_fn(vr: instructions.VariantRounds) -> dict[str, float]:
+        names = {fn for r in vr.rounds for fn in r.functions}
+        return {fn: stats.median([r.functions.get(fn, 0.0) for r in vr.rounds]) for fn in names}
+
+    a, b = per_fn(base), per_fn(new)
+    delta = {fn: b.get(fn, 0.0) - a.get(fn, 0.0) for fn in set(a) | set(b)}
+    top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[: instructions.TOP_FUNCTIONS]
+    top = [(fn, d) for fn, d in top if abs(d) >= 0.05]
+    if not top:
+        return []
+    total = sum(delta.values())
+    lines = [
+        _fit(
+            f"instructions/op by function, {new.variant.name} - {base.variant.name} ({total:+,.1f} in all):",
+            WIDTH,
+        )
+    ]
+    for fn, d in top:
+        lines.append(_fit(f"  {d:>+9.1f}  {fn}", WIDTH))
     return lines
