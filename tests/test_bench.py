@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pyperf
 import pytest
 
-from kvprof.bench import atomics, placement, results, scenarios, stats, table
+from kvprof.bench import atomics, history, instructions, placement, results, scenarios, stats, table
 from kvprof.bench.loadgen import parse_memcaslap
 from kvprof.bench.runner import RunResult, VariantRuns
 from kvprof.bench.variants import ClientConfig, Variant, parse_server
@@ -564,3 +565,256 @@ def test_atomics_end_to_end(tmp_path: Path) -> None:
     assert len(suite.get_benchmarks()) == 8
     meta = suite.get_benchmark("shared t=2").get_runs()[0].get_metadata()
     assert meta["mode"] == "shared" and meta["threads"] == 2 and json.dumps(meta)
+
+
+# ---------------------------------------------------------------- keycmp, --instructions, --rev, --history
+
+
+def _get(server: object, command: bytes) -> bytes:
+    import socket
+
+    host, port = server.host, server.port  # type: ignore[attr-defined]
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(command)
+        data = b""
+        while not data.endswith((b"END\r\n", b"STORED\r\n")):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def test_kvcached_key_compare_modes() -> None:
+    """--key-compare indirect finds, misses and replaces keys as inline (the default) does, and
+    `stats settings` says which one runs; a bad value is one usage line, status 64."""
+    from kvprof.target import kvcached_binary, start_kvcached
+
+    for args, mode in (((), "inline"), (("--key-compare", "indirect"), "indirect")):
+        with start_kvcached(["-t", "1", *args]) as server:
+            assert server.stats("settings")["key_compare"] == mode
+            for key, value in ((b"kvload:1", b"aa"), (b"kvload:10", b"bbb"), (b"kvload:1", b"c")):
+                assert _get(server, b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value)) == b"STORED\r\n"
+            got = _get(server, b"get kvload:1 kvload:10 kvload:100 kvload:\r\n")
+            assert got == b"VALUE kvload:1 0 1\r\nc\r\nVALUE kvload:10 0 3\r\nbbb\r\nEND\r\n"
+    bad = subprocess.run([str(kvcached_binary()), "--key-compare", "fast"], capture_output=True, text=True)
+    assert bad.returncode == 64
+    assert bad.stderr.strip().splitlines() == [
+        "kvcached: --key-compare must be 'inline' or 'indirect', not 'fast' (see kvcached --help)"
+    ]
+
+
+def test_keycmp_plan() -> None:
+    """keycmp: fixed preset, inline first (the reference) then indirect, 2 workers by default."""
+    plan = scenarios.build("keycmp", None, scenarios.Overrides())
+    assert [v.name for v in plan.variants] == ["inline t=2", "indirect t=2"]
+    assert plan.variants[1].server.args() == ["--preset", "fixed", "--key-compare", "indirect", "-t", "2"]
+    with pytest.raises(ValueError):
+        scenarios.build("keycmp", None, scenarios.Overrides(servers=("baseline",)))
+
+
+CACHEGRIND_OUT = """\
+desc: I1 cache:         32768 B, 64 B, 8-way associative
+desc: D1 cache:         32768 B, 64 B, 8-way associative
+cmd: kvcached
+events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw
+fl=items.c
+fn=lookup_locked
+10 100 1 1 40 2 1 20 1 1
+11 50
+fn=key_order
+20 30 0 0 10 1
+fl=???
+fn=memcmp
+0 5
+summary: 185 1 1 50 3 1 20 1 1
+"""
+
+
+def test_parse_cachegrind() -> None:
+    """cachegrind's file: counts per function summed over its lines (short lines pad with 0),
+    totals from `summary:`, D1 misses = D1mr + D1mw, LL misses = ILmr + DLmr + DLmw."""
+    p = instructions.parse_cachegrind(CACHEGRIND_OUT)
+    assert p.totals["Ir"] == 185 and p.totals["DLmw"] == 1
+    assert p.functions["lookup_locked"]["Ir"] == 150 and p.functions["lookup_locked"]["D1mr"] == 2
+    assert p.functions["key_order"] == {
+        "Ir": 30, "I1mr": 0, "ILmr": 0, "Dr": 10, "D1mr": 1, "DLmr": 0, "Dw": 0, "D1mw": 0, "DLmw": 0
+    }  # fmt: skip
+    assert p.functions["memcmp"]["Ir"] == 5
+    assert instructions.d1_misses(p.totals) == 4 and instructions.ll_misses(p.totals) == 3
+    assert "D1 cache" in p.caches
+    with pytest.raises(Exception, match="summary"):
+        instructions.parse_cachegrind("events: Ir\nfn=x\n1 2\n")
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_instructions_end_to_end(tmp_path: Path) -> None:
+    """keycmp --instructions on a short run: instructions and D1/LL misses per op per variant in
+    the table and in every run's metadata, the per-function difference names key_order, and the
+    indirect comparison costs more instructions per op than the inline one (a count, not a time)."""
+    out = tmp_path / "instr.json"
+    argv = [
+        "bench",
+        "--scenario",
+        "keycmp",
+        "--instructions",
+        "--runs",
+        "2",
+        "--requests",
+        "2000",
+        "-o",
+        str(out),
+    ]
+    proc = subprocess.run([*KVPROF, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == f"wrote {out} (pyperf JSON)"
+    head = next(line for line in lines if line.startswith("variant"))
+    assert head.split() == ["variant", "instr/op", "CV", "%", "ratio", "D1", "miss/op", "LL", "miss/op"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("  inline", "  indirect"))}
+    assert rows["inline"][4] == "1.000"
+    assert any(line.endswith("  key_order") and line.split()[0].startswith("+") for line in lines)
+    assert _fits(lines)
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    assert suite.get_benchmark_names() == ["inline t=2", "indirect t=2"]
+    per_op = {}
+    for bench in suite.get_benchmarks():
+        assert bench.get_nrun() == 2
+        for run in bench.get_runs():
+            meta = run.get_metadata()
+            assert meta["kvprof_measure"] == "instructions" and meta["ops"] == 2000
+            assert meta["instructions_per_op"] > 100 and meta["d1_misses_per_op"] >= 0
+            assert "ll_misses_per_op" in meta
+            assert run.values == (meta["instructions_per_op"],)
+        per_op[bench.get_name()] = bench.median()
+    assert per_op["indirect t=2"] > per_op["inline t=2"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    ident = [
+        "-c",
+        "user.name=kvprof test",
+        "-c",
+        "user.email=test@kvprof.invalid",
+        "-c",
+        "commit.gpgsign=false",
+    ]
+    proc = subprocess.run(["git", *ident, *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+@pytest.fixture
+def small_repo(tmp_path: Path) -> Path:
+    """A new git repository holding this tree's server/ and probes/ in two commits (the second
+    changes a comment), /build/ ignored as in ours."""
+    from kvprof.target import REPO
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    skip = shutil.ignore_patterns("build", "build-*", "*.o")
+    shutil.copytree(REPO / "server", repo / "server", ignore=skip)
+    shutil.copytree(REPO / "probes", repo / "probes", ignore=skip)
+    (repo / ".gitignore").write_text("/build/\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    with (repo / "server" / "main.c").open("a") as f:
+        f.write("/* the second revision */\n")
+    _git(repo, "commit", "-qam", "two")
+    return repo
+
+
+def test_rev_end_to_end(small_repo: Path, tmp_path: Path) -> None:
+    """--rev HEAD~1 --rev HEAD builds both in worktrees under build/, runs them interleaved,
+    leaves `git status` clean and no worktree registered, and --history gets one line per run;
+    the second run reuses the builds and is judged against the first."""
+    hist = tmp_path / "history.jsonl"
+    out = tmp_path / "rev.json"
+    argv = [
+        "bench",
+        "--rev",
+        "HEAD~1",
+        "--rev",
+        "HEAD",
+        "-t",
+        "1",
+        "--runs",
+        "2",
+        "-d",
+        "0.3",
+        "--warmup",
+        "0",
+    ]
+    argv += ["--history", str(hist), "-o", str(out)]
+    first = subprocess.run([*KVPROF, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("building kvcached at ") == 2
+    lines = first.stdout.splitlines()
+    assert any(line.startswith("  HEAD~1 t=1") and line.endswith("reference") for line in lines)
+    assert any(line.startswith("  HEAD t=1") for line in lines)
+    assert "the first run of this workload" in " ".join(first.stdout.split())
+    assert _git(small_repo, "status", "--porcelain") == ""
+    assert len(_git(small_repo, "worktree", "list").splitlines()) == 1
+    head = _git(small_repo, "rev-parse", "HEAD").strip()
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    meta = suite.get_benchmark("HEAD t=1").get_runs()[0].get_metadata()
+    assert meta["revision"] == "HEAD" and meta["commit"] == head
+    second = subprocess.run([*KVPROF, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "building" not in second.stderr and second.stderr.count("(built before)") == 2
+    text = " ".join(second.stdout.split())
+    assert "ops/s vs the median of the last 1 runs" in text
+    records = [json.loads(line) for line in hist.read_text().splitlines()]
+    assert len(records) == 2
+    assert records[0]["new"]["commit"] == head and records[0]["new"]["revision"] == "HEAD"
+    assert [v["revision"] for v in records[1]["variants"]] == ["HEAD~1", "HEAD"]
+    assert records[1]["new"]["figures"]["ops_per_sec"] > 0
+
+
+def test_rev_bad_input(small_repo: Path) -> None:
+    """An unknown revision, a revision that does not build, a directory outside git: one line
+    each and status 1, the checkout untouched."""
+    with (small_repo / "server" / "main.c").open("a") as f:
+        f.write("#error broken on purpose\n")
+    _git(small_repo, "commit", "-qam", "broken")
+    cases = (
+        (small_repo, ["--rev", "HEAD~1", "--rev", "no-such-rev"], "unknown revision 'no-such-rev'"),
+        (small_repo, ["--rev", "HEAD~1", "--rev", "HEAD"], "kvcached does not build at HEAD ("),
+        (small_repo.parent, ["--rev", "HEAD"], "is not in a git repository"),
+    )
+    for cwd, revs, says in cases:
+        proc = subprocess.run([*KVPROF, "bench", *revs], cwd=cwd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("kvprof bench")]
+        assert len(errors) == 1 and says in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stdout == ""
+    assert _git(small_repo, "status", "--porcelain") == ""
+    assert len(_git(small_repo, "worktree", "list").splitlines()) == 1
+
+
+def test_history_waterline(tmp_path: Path) -> None:
+    """The waterline: the last 5 runs' median moved by max(3 %, their CV); beyond it is flagged,
+    lower instructions/op is better, a history with a CV above 10 % cannot judge."""
+    assert history.judge(100.0, [100.0, 101.0, 99.0], True)[0] == stats.NO_CHANGE
+    assert history.judge(90.0, [100.0, 101.0, 99.0], True)[0] == stats.REGRESSION
+    assert history.judge(110.0, [100.0, 101.0, 99.0], True)[0] == stats.IMPROVEMENT
+    assert history.judge(110.0, [100.0, 101.0, 99.0], False)[0] == stats.REGRESSION
+    assert history.judge(90.0, [100.0, 150.0, 60.0], True)[0] == stats.UNSTABLE
+    path = tmp_path / "h.jsonl"
+    new = history.Entry("HEAD t=2", "fixed, 2 workers", "HEAD", "abc", {"instructions_per_op": 1000.0})
+    for value in (1000.0, 1001.0, 999.0, 1000.0, 1000.0, 1000.0, 5000.0):  # the oldest falls out
+        old = history.Entry("HEAD t=2", "fixed, 2 workers", "HEAD", "abc", {"instructions_per_op": value})
+        history.append(path, "rev", [old], old)
+    worse = history.Entry("HEAD t=2", "fixed, 2 workers", "HEAD", "abc", {"instructions_per_op": 1100.0})
+    (line,) = history.append(path, "rev", [worse], worse)
+    assert "last 5 runs" in line and line.endswith("UNSTABLE")  # 5000 is in the window
+    for _ in range(5):
+        history.append(path, "rev", [new], new)
+    (line,) = history.append(path, "rev", [worse], worse)
+    assert line.endswith("REGRESSION") and "vs the median of the last 5 runs 1,000.0" in line
+    other = history.Entry("HEAD t=1", "fixed, 1 worker", "HEAD", "abc", {"instructions_per_op": 1.0})
+    assert history.append(path, "rev", [other], other)[0].endswith("the first run of this workload")
+    path.write_text("not json\n")
+    with pytest.raises(Exception, match="line 1 is not JSON"):
+        history.read(path)

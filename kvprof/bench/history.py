@@ -19,8 +19,8 @@ from pathlib import Path
 from kvprof.bench import BenchError, stats
 
 HISTORY_WINDOW = 5
-# figure -> whether more is better
-FIGURES = {"ops_per_sec": True, "instructions_per_op": False}
+# figure -> (whether more is better, how it is printed, decimals)
+FIGURES = {"ops_per_sec": (True, "ops/s", 0), "instructions_per_op": (False, "instructions/op", 1)}
 
 
 @dataclass(frozen=True)
@@ -86,19 +86,21 @@ def append(path: Path, scenario: str, entries: Sequence[Entry], new: Entry) -> l
     """Judge `new` against the file's last runs, append this run, return the lines to print."""
     records = read(path)
     lines = []
-    for figure, higher in FIGURES.items():
+    for figure, (higher, what, digits) in FIGURES.items():
         if figure not in new.figures:
             continue
         past = _past(records, new.workload, figure)
         value = new.figures[figure]
-        what = figure.replace("_per_", "/").replace("_", " ")
         if not past:
-            lines.append(f"history {path}: {new.name} {value:,.1f} {what}, the first run of this workload")
+            lines.append(
+                f"history {path}: {new.name} {value:,.{digits}f} {what}, the first run of this workload"
+            )
             continue
         verdict, mid, line = judge(value, past, higher)
         lines.append(
-            f"history {path}: {new.name} {value:,.1f} {what} vs the median of the last {len(past)} "
-            f"runs {mid:,.1f} (CV {100 * stats.cv(past):.1f} %, waterline +-{100 * line:.1f} %): {verdict}"
+            f"history {path}: {new.name} {value:,.{digits}f} {what} vs the median of the last {len(past)} "
+            f"runs {mid:,.{digits}f} (CV {100 * stats.cv(past):.1f} %, waterline +-{100 * line:.1f} %): "
+            f"{verdict}"
         )
     record = {
         "date": datetime.datetime.now().isoformat(" ", "seconds"),
