@@ -210,7 +210,7 @@ def run(plan: Plan, rounds: int, requests: int, progress: TextIO) -> list[Varian
                 vr.rounds.append(r)
                 print(
                     f"[round {n}/{rounds}] {vr.variant.name}: {r.instructions:,.1f} instructions/op, "
-                    f"D1 misses {r.d1:.2f}/op, LL misses {r.ll:.3f}/op ({r.ops:,} ops)",
+                    f"D1 misses {max(r.d1, 0.0):.2f}/op, LL misses {max(r.ll, 0.0):.3f}/op ({r.ops:,} ops)",
                     file=progress,
                     flush=True,
                 )

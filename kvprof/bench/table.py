@@ -240,9 +240,9 @@ def render_atomics(results: Sequence[atomics.ConfigRuns], multi_socket: bool) ->
 INSTRUCTIONS_LEGEND = (
     "instr/op: instructions per operation counted by cachegrind (median over the rounds), CV "
     "its spread; ratio: to the group's first variant. D1 / LL miss/op: simulated first-level "
-    "data and last-level cache misses per operation. Per operation means the difference of two "
-    "runs of the same server, one with more requests, divided by the extra operations: "
-    "start-up and population cancel out."
+    "data and last-level cache misses per operation (a difference of two counts, shown as 0 "
+    "below 0). Per operation means the difference of two runs of the same server, one with "
+    "more requests, divided by the extra operations: start-up and population cancel out."
 )
 
 
@@ -270,7 +270,7 @@ def render_instructions(done: Sequence[instructions.VariantRounds]) -> list[str]
             ll = stats.median([r.ll for r in vr.rounds])
             lines.append(
                 f"{_fit(INDENT + vr.variant.name, name_w):<{name_w}}{med:>11,.1f}{100 * stats.cv(ir):>6.2f}"
-                f"{med / ref:>7.3f}{d1:>11.2f}{ll:>11.3f}"
+                f"{med / ref:>7.3f}{max(d1, 0.0):>11.2f}{max(ll, 0.0):>11.3f}"
             )
         for vr in members[1:]:
             diffs += function_diff(members[0], vr)
