@@ -513,8 +513,14 @@ def test_bench_end_to_end(tmp_path: Path) -> None:
         meta = bench.get_runs()[0].get_metadata()
         assert meta["ops_per_sec"] > 0 and meta["misses"] == 0 and meta["server"] == "kvcached"
         assert bench.get_values()[0] == pytest.approx(1 / meta["ops_per_sec"])
-        if len(os.sched_getaffinity(0)) >= 2:  # the placement probe brackets every run
-            assert meta["cacheline_rt_ns_before"] > 0 and meta["cacheline_rt_ns_after"] > 0
+    if len(os.sched_getaffinity(0)) >= 2:  # the placement probe brackets every run
+        # a probe whose thread lost its CPU on a loaded machine reads nothing (NaN, left out)
+        keys = ("cacheline_rt_ns_before", "cacheline_rt_ns_after")
+        readings = [
+            r.get_metadata().get(k) for b in suite.get_benchmarks() for r in b.get_runs() for k in keys
+        ]
+        assert any(x is not None for x in readings)
+        assert all(x > 0 for x in readings if x is not None)
     if len(os.sched_getaffinity(0)) >= 2:
         assert any(line.startswith("cache-line round trip between two CPUs") for line in lines)
     pids = _started_pids(proc.stderr)
