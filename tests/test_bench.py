@@ -456,6 +456,12 @@ def test_placement_line_says_when_the_host_moved_the_cpus() -> None:
     text = " ".join(table.render_bench([moved], legend=False))
     assert "95-600 ns: the host moved the CPUs between cores that share a cache" in text
     assert _fits(table.render_bench([moved]))
+    starved = results.Measured(
+        "fixed t=2", "2 workers", (1e6, 1e6), other_cores=(1.6, 1.7), rt_ns=(1900.0, 12691.0)
+    )
+    text = " ".join(table.render_bench([starved], legend=False))
+    assert "other processes took up to 1.70 cores, so the probe's threads waited for a CPU" in text
+    assert "the host moved" not in text
     assert not any(
         "round trip" in line for line in table.render_bench([results.Measured("a", "", (1.0, 1.0))])
     )

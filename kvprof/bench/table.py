@@ -15,6 +15,7 @@ from kvprof.bench.results import Measured
 
 WIDTH = 80
 INDENT = "  "
+BUSY_CORES = 0.5  # other processes' share above which the placement probe measures waiting
 
 CV_LEGEND = "CV: stdev / mean of ops/s over the runs, for information. "
 CPU_LEGEND = (
@@ -114,6 +115,13 @@ def _placement_line(measured: Sequence[Measured]) -> list[str]:
     line = f"cache-line round trip between two CPUs, before and after each run: {low:,.0f}-{high:,.0f} ns"
     if placement.alike(low, high):
         return wrap(line + ".")
+    other = [x for m in measured for x in m.other_cores]
+    if other and max(other) > BUSY_CORES:
+        # a probe thread that waits for a CPU reads microseconds: the machine, not the host
+        return wrap(
+            line + f": other processes took up to {max(other):.2f} cores, so the probe's threads "
+            "waited for a CPU and these readings say little about where the host put the CPUs."
+        )
     return wrap(
         line + ": the host moved the CPUs between cores that share a cache and cores that do not "
         "during the bench, which changes what shared locks and counters cost (the JSON has the "
