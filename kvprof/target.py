@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,11 +126,13 @@ def start_kvcached(
     binary: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 10.0,
+    wrapper: Sequence[str] = (),
 ) -> Server:
-    """Start kvcached on a free loopback port with extra `args`; wait until it serves."""
+    """Start kvcached on a free loopback port with extra `args`, run by `wrapper`
+    (e.g. valgrind and its options) when given; wait until it serves."""
     exe = binary or kvcached_binary()
     fd, log_name = tempfile.mkstemp(prefix="kvcached-", suffix=".log")
-    argv = [str(exe), "-l", "127.0.0.1", "-p", "0", *args]
+    argv = [*wrapper, str(exe), "-l", "127.0.0.1", "-p", "0", *args]
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=die_with_parent

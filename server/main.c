@@ -40,6 +40,8 @@ static void usage(FILE *out)
             "  --topkeys M           update_topkeys: shared or per-thread\n"
             "  --item-counter M      on_create_item/on_delete_item: shared or per-thread\n"
             "  --memory-counter M    account_memory: shared or per-thread\n"
+            "  --key-compare K       hash lookup's key comparison: inline (length check\n"
+            "                        and memcmp, default) or indirect (through a pointer)\n"
             "  --probe-sample N      fire per-request probes for 1 request in N (default 256)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
@@ -102,7 +104,7 @@ static const char *preset_of(const enum site_mode modes[SITES_MAX])
     return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
 }
 
-enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_CPUS };
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_CPUS, OPT_KEYCMP };
 
 static void parse_cpus(const char *list)
 {
@@ -124,6 +126,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
         {"memory-counter", required_argument, NULL, OPT_MEMORY},
         {"probe-sample", required_argument, NULL, OPT_SAMPLE},
         {"cpu-affinity", required_argument, NULL, OPT_CPUS},
+        {"key-compare", required_argument, NULL, OPT_KEYCMP},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -136,7 +139,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
         .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 256,
-        .cpu_affinity = "",
+        .cpu_affinity = "", .key_compare = KEY_COMPARE_INLINE,
     };
     while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {
         switch (opt) {
@@ -168,6 +171,14 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
         }
         case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 1, 1 << 30); break;
         case OPT_CPUS: parse_cpus(optarg); break;
+        case OPT_KEYCMP:
+            if (strcmp(optarg, "inline") == 0)
+                settings.key_compare = KEY_COMPARE_INLINE;
+            else if (strcmp(optarg, "indirect") == 0)
+                settings.key_compare = KEY_COMPARE_INDIRECT;
+            else
+                die_usage("--key-compare must be 'inline' or 'indirect', not '%s'", optarg);
+            break;
         default: usage(stderr); exit(EX_USAGE);
         }
     }
@@ -194,7 +205,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (stats_setup(settings.nthreads) != 0 || sites_setup(settings.nthreads, modes) != 0 ||
-        items_setup(settings.maxbytes, settings.item_size_max) != 0 || workers_setup(settings.nthreads) != 0) {
+        items_setup(settings.maxbytes, settings.item_size_max, settings.key_compare) != 0 || workers_setup(settings.nthreads) != 0) {
         fprintf(stderr, "kvcached: out of memory at start-up\n");
         goto out;
     }

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from kvprof.bench import BenchError, atomics, results, scenarios, stats, table
+from kvprof.bench import (
+    BenchError,
+    atomics,
+    history,
+    instructions,
+    results,
+    revisions,
+    scenarios,
+    stats,
+    table,
+)
+from kvprof.bench.instructions import DEFAULT_REQUESTS
 from kvprof.bench.machine import host_metadata
 from kvprof.bench.runner import Interrupted, VariantRuns, run_plan
 from kvprof.bench.variants import KVLOAD, Plan
@@ -35,6 +46,10 @@ class Options:
     wait_idle: bool = False
     output: Path | None = None
     overrides: scenarios.Overrides = field(default_factory=scenarios.Overrides)
+    instructions: bool = False  # cachegrind instead of timed runs
+    requests: int = DEFAULT_REQUESTS  # --instructions: measured operations per round
+    revs: tuple[str, ...] = ()  # kvcached built at these git revisions, as the variants
+    history: Path | None = None  # JSON lines, one per run, judged against the last runs
 
 
 DEFAULT_DURATION = 5.0
@@ -87,13 +102,62 @@ def _write(suite_results: list[VariantRuns], plan: Plan, output: Path) -> list[r
     return results.measured(suite)
 
 
+def _plan(o: Options, progress: TextIO) -> Plan:
+    """The scenario's plan, or with --rev kvcached built at each revision (ValueError / BenchError)."""
+    if not o.revs:
+        return scenarios.build(o.scenario, o.against, o.overrides)
+    if o.scenario != scenarios.STUDY or o.against:
+        raise ValueError("--rev runs the study's workload on each revision: drop --scenario / --against")
+    specs = o.overrides.servers or (revisions.DEFAULT_SPEC,)
+    if len(specs) != 1:
+        raise ValueError("--rev takes one --variants spec, run at every revision")
+    workers = o.overrides.workers or scenarios.REV_WORKERS
+    for w in workers:
+        scenarios.single_client(w, o.overrides)  # a matrix is a ValueError before anything is built
+    return revisions.plan(
+        o.revs, specs[0], workers, lambda w: scenarios.single_client(w, o.overrides), progress
+    )
+
+
+def _history(o: Options, plan: Plan, figures: dict[str, dict[str, float]]) -> list[str]:
+    """Append this run to --history and judge its new variant (the first group's last) there."""
+    if o.history is None:
+        return []
+    entries = [
+        history.Entry(v.name, v.group, v.server.revision, v.server.commit, figures[v.name])
+        for v in plan.variants
+        if v.name in figures
+    ]
+    first = [e for e in entries if e.workload == plan.groups[0].title]
+    if not first:
+        return []
+    return history.append(o.history, plan.scenario, entries, first[-1])
+
+
+def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, float]]:
+    out = {}
+    for _, members in table.groups(measured):
+        for m in members:
+            figures = {"ops_per_sec": stats.median(m.ops), "cv": stats.cv(m.ops)}
+            if m is not members[0]:
+                c = stats.compare(members[0].ops, m.ops)
+                figures |= {"ratio": c.ratio, "ratio_cv": c.spread}
+            out[m.name] = figures
+    return out
+
+
 def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
-    """Run a server scenario (study, memcached, loadgen); returns the exit status."""
+    """Run a server scenario (study, memcached, loadgen, keycmp, --rev); returns the exit status."""
     try:
-        plan = scenarios.build(o.scenario, o.against, o.overrides)
+        plan = _plan(o, progress)
     except ValueError as e:
         print(f"kvprof bench: {e}", file=sys.stderr)
         return 2
+    except BenchError as e:
+        print(f"kvprof bench: error: {e}", file=sys.stderr)
+        return 1
+    if o.instructions:
+        return run_instructions(o, plan, out, progress)
     duration = o.duration or DEFAULT_DURATION
     output = o.output or Path(f"bench-{plan.scenario}.json")
     n = len(plan.variants)
@@ -126,9 +190,58 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     ]
     lines = table.render_bench(measured, title=[w for t in title for w in table.wrap(t)])
     lines += _targets(plan, measured)
+    try:
+        lines += [w for line in _history(o, plan, _timed_figures(measured)) for w in table.wrap(line)]
+    except (BenchError, OSError) as e:
+        print(f"kvprof bench: error: {e}", file=sys.stderr)
+        return 1
     lines.append(f"wrote {output} (pyperf JSON)")
     print("\n".join(lines), file=out, flush=True)
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def run_instructions(o: Options, plan: Plan, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
+    """--instructions: every variant under cachegrind, `runs` interleaved rounds."""
+    output = o.output or Path(f"bench-{plan.scenario}-instructions.json")
+    print(
+        f"kvprof bench {plan.scenario} --instructions: {len(plan.variants)} variants x {o.runs} rounds "
+        f"under cachegrind, {o.requests:,} measured requests each\nCtrl-C stops early and keeps the "
+        "complete rounds",
+        file=progress,
+        flush=True,
+    )
+    try:
+        done = instructions.run(plan, o.runs, o.requests, progress)
+    except BenchError as e:
+        print(f"kvprof bench: error: {e}", file=sys.stderr)
+        return 1
+    rounds = min(len(vr.rounds) for vr in done)
+    if rounds == 0:
+        return EXIT_INTERRUPTED
+    results.write(instructions.to_suite(plan.scenario, done), output)
+    title = [
+        f"kvprof bench {plan.scenario} --instructions: {rounds} rounds per variant under cachegrind, "
+        f"interleaved, {o.requests:,} measured requests each",
+        host_line(),
+        _client_line(plan),
+    ]
+    lines = [w for t in title for w in table.wrap(t)] + table.render_instructions(done)
+    figures = {
+        vr.variant.name: {
+            "instructions_per_op": stats.median([r.instructions for r in vr.rounds]),
+            "d1_misses_per_op": stats.median([r.d1 for r in vr.rounds]),
+            "ll_misses_per_op": stats.median([r.ll for r in vr.rounds]),
+        }
+        for vr in done
+    }
+    try:
+        lines += [w for line in _history(o, plan, figures) for w in table.wrap(line)]
+    except (BenchError, OSError) as e:
+        print(f"kvprof bench: error: {e}", file=sys.stderr)
+        return 1
+    lines.append(f"wrote {output} (pyperf JSON)")
+    print("\n".join(lines), file=out, flush=True)
+    return EXIT_INTERRUPTED if rounds < o.runs else 0
 
 
 def run_atomics(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
@@ -185,7 +298,7 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
 
 def run(o: Options) -> int:
     if o.scenario == scenarios.ATOMICS:
-        if o.against or o.overrides.servers or o.overrides.client_changes():
+        if o.against or o.overrides.servers or o.overrides.client_changes() or o.revs or o.instructions:
             print("kvprof bench: --scenario atomics takes only -t, --runs, --duration, -o", file=sys.stderr)
             return 2
         return run_atomics(o)

@@ -35,8 +35,13 @@ def tail(text: str, lines: int = 8) -> str:
     return "\n".join("    " + line for line in text.strip().splitlines()[-lines:])
 
 
-def kvload_argv(exe: Path, address: str, client: ClientConfig, duration: float) -> list[str]:
-    """kvload for one timed run on an already populated server."""
+def kvload_argv(
+    exe: Path, address: str, client: ClientConfig, duration: float | None = None, cycles: int | None = None
+) -> list[str]:
+    """kvload for one run on an already populated server: timed, or `cycles` batches per connection."""
+    if (duration is None) == (cycles is None):
+        raise ValueError("kvload_argv takes a duration or a cycle count")
+    length = ["--duration", f"{duration:g}"] if duration is not None else ["--num-cycles", str(cycles)]
     return [
         str(exe),
         "--server",
@@ -58,8 +63,7 @@ def kvload_argv(exe: Path, address: str, client: ClientConfig, duration: float) 
         str(client.set_pct),
         "--key-dist",
         client.key_dist,
-        "--duration",
-        f"{duration:g}",
+        *length,
         "--json",
         "--quiet",
     ]

@@ -83,11 +83,15 @@ def run_metadata(scenario: str, vr: VariantRuns, run: RunResult, host: Metadata)
         "other_cpu_s": run.other_cpu_s,
         "steal_s": run.steal_s,
         "redone": run.redone,
+        "slices": run.slices,
         "cacheline_rt_ns_before": run.rt_before_ns,
         "cacheline_rt_ns_after": run.rt_after_ns,
     }
     if v.server.kind == KVCACHED:
-        meta["preset"] = v.server.label
+        meta["preset"] = "+".join((v.server.preset, *v.server.flipped))
+        meta["key_compare"] = v.server.key_compare or "default"
+        meta["revision"] = v.server.revision
+        meta["commit"] = v.server.commit
         for site, mode in v.server.site_modes().items():
             meta[f"site_{site.replace('-', '_')}"] = mode
     for name, value in run.latency_us.items():
@@ -157,6 +161,18 @@ def _floats(runs: Sequence[pyperf.Run], key: str, per_second: bool = False) -> t
     return tuple(out)
 
 
+def _readings(runs: Sequence[pyperf.Run], *keys: str) -> tuple[float, ...]:
+    """Every number under `keys` in the runs' metadata, skipping runs that lack one (a
+    placement probe that could not run reads nothing)."""
+    out = []
+    for key in keys:
+        for run in runs:
+            value = run.get_metadata().get(key)
+            if isinstance(value, int | float):
+                out.append(float(value))
+    return tuple(out)
+
+
 def _cpu_per_op(runs: Sequence[pyperf.Run]) -> tuple[float, ...]:
     out = []
     for run in runs:
@@ -188,7 +204,7 @@ def measured(suite: pyperf.BenchmarkSuite) -> list[Measured]:
                 server_ns_per_op=_cpu_per_op(runs),
                 other_cores=_floats(runs, "other_cpu_s", per_second=True),
                 steal_cores=_floats(runs, "steal_s", per_second=True),
-                rt_ns=_floats(runs, "cacheline_rt_ns_before") + _floats(runs, "cacheline_rt_ns_after"),
+                rt_ns=_readings(runs, "cacheline_rt_ns_before", "cacheline_rt_ns_after"),
             )
         )
     return out

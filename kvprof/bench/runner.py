@@ -49,6 +49,11 @@ RUN_SLACK_S = 30.0  # a run that outlives its duration by this much is stopped a
 # REDO_MAX times (then kept; its `other_cpu_s` and `steal_s` say why it is off).
 NOISE_MAX_CORES = 0.15
 REDO_MAX = 3
+# Each run of a round is made of slices of about SLICE_S, alternated between
+# the variants (A B C, C B A, A B C, ...), so that the runs a per-round ratio
+# divides were measured over the same seconds: the host moves the vCPUs
+# between near and far cores every 10-40 s, more often than a round lasts.
+SLICE_S = 1.0
 
 
 class Interrupted(Exception):
@@ -78,7 +83,10 @@ class RunResult:
     load_avg_1min: float  # /proc/loadavg when the run started
     date: str  # ISO 8601, when the run started
     argv: tuple[str, ...]
-    redone: int = 0  # --wait-idle: times this run was repeated because the machine was busy
+    redone: int = (
+        0  # --wait-idle: times this run (or a slice of it) was repeated because the machine was busy
+    )
+    slices: int = 1  # the load-generator runs this one is the sum of
     rt_before_ns: float = math.nan  # cache-line round trip between two CPUs right before the run
     rt_after_ns: float = math.nan  # and right after it (kvprof.bench.placement)
 
@@ -86,6 +94,40 @@ class RunResult:
     def noise_cores(self) -> float:
         """Cores' worth of CPU that other processes and other guests took during the run."""
         return (self.other_cpu_s + self.steal_s) / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def merge(parts: list[RunResult]) -> RunResult:
+    """Slices of one run as one: counts and CPU times summed, ops/s over the summed duration,
+    each latency percentile the median of the slices' (the maximum the largest)."""
+    first, last = parts[0], parts[-1]
+    duration = sum(p.duration_s for p in parts)
+    ops = sum(p.ops for p in parts)
+    names = {k for p in parts for k in p.latency_us}
+    latency = {}
+    for k in names:
+        values = sorted(p.latency_us[k] for p in parts if k in p.latency_us)
+        latency[k] = values[-1] if k == "max" else values[len(values) // 2]
+    return RunResult(
+        ops_per_sec=ops / duration if duration > 0 else 0.0,
+        duration_s=duration,
+        ops=ops,
+        gets=sum(p.gets for p in parts),
+        sets=sum(p.sets for p in parts),
+        hits=sum(p.hits for p in parts),
+        misses=sum(p.misses for p in parts),
+        latency_us=latency,
+        client_cpu_s=sum(p.client_cpu_s for p in parts),
+        server_cpu_s=sum(p.server_cpu_s for p in parts),
+        other_cpu_s=sum(p.other_cpu_s for p in parts),
+        steal_s=sum(p.steal_s for p in parts),
+        load_avg_1min=first.load_avg_1min,
+        date=first.date,
+        argv=first.argv,
+        redone=sum(p.redone for p in parts),
+        rt_before_ns=first.rt_before_ns,
+        rt_after_ns=last.rt_after_ns,
+        slices=len(parts),
+    )
 
 
 @dataclass
@@ -151,7 +193,9 @@ class Bench:
                 if config.kind == MEMCACHED:
                     server = start_memcached(config.args())
                 else:
-                    server = start_kvcached(config.args())
+                    server = start_kvcached(
+                        config.args(), binary=Path(config.binary) if config.binary else None
+                    )
             except TargetError as e:
                 raise BenchError(f"cannot start {config.kind} {' '.join(config.args())}: {e}") from None
             self.servers[config] = server
@@ -261,17 +305,34 @@ class Bench:
     def wait_idle(self) -> float:
         return wait_idle(self.say)
 
-    def run_quiet(self, v: Variant, duration: float, label: str) -> RunResult:
-        """run_once on an idle machine; again when other processes got busy during it."""
+    def run_slices(
+        self, variants: list[Variant], seconds: float, wait_idle: bool, label: str
+    ) -> list[RunResult]:
+        """One slice of every variant, back to back in the given order; with `wait_idle`, on an
+        idle machine, and again (all of them, up to REDO_MAX times) when other processes got
+        busy during one."""
+        if not wait_idle:
+            return [self.run_once(v, seconds) for v in variants]
         for redone in range(REDO_MAX + 1):
             self.wait_idle()
-            result = replace(self.run_once(v, duration), redone=redone)
-            if result.noise_cores <= NOISE_MAX_CORES or redone == REDO_MAX:
-                return result
-            self.say(
-                f"{label} {v.name}: other processes or guests took {result.noise_cores:.2f} cores, again"
-            )
+            done = [replace(self.run_once(v, seconds), redone=redone) for v in variants]
+            noisy = max(done, key=lambda r: r.noise_cores)
+            if noisy.noise_cores <= NOISE_MAX_CORES or redone == REDO_MAX:
+                return done
+            self.say(f"{label}: other processes or guests took {noisy.noise_cores:.2f} cores, again")
         raise AssertionError("unreachable")
+
+    def run_round(self, results: list[VariantRuns], duration: float, wait_idle: bool, label: str) -> None:
+        """One run of every variant, as slices alternated A B C, C B A, ... (SLICE_S)."""
+        slices = max(1, round(duration / SLICE_S))
+        parts: dict[int, list[RunResult]] = {i: [] for i in range(len(results))}
+        for k in range(slices):
+            order = list(range(len(results))) if k % 2 == 0 else list(reversed(range(len(results))))
+            done = self.run_slices([results[i].variant for i in order], duration / slices, wait_idle, label)
+            for i, part in zip(order, done, strict=True):
+                parts[i].append(part)
+        for i, vr in enumerate(results):
+            vr.runs.append(merge(parts[i]))
 
     def run(self, runs: int, duration: float, warmup: float, wait_idle: bool = False) -> list[VariantRuns]:
         """Start, populate, warm up, then `runs` interleaved rounds; Interrupted keeps complete rounds."""
@@ -289,11 +350,8 @@ class Bench:
                         self.say(f"[warm-up] {r.variant.name}: {r.warmup.ops_per_sec:,.0f} ops/s")
                 for n in range(1, runs + 1):
                     label = f"[run {n}/{runs}]"
+                    self.run_round(results, duration, wait_idle, label)
                     for r in results:
-                        if wait_idle:
-                            r.runs.append(self.run_quiet(r.variant, duration, label))
-                        else:
-                            r.runs.append(self.run_once(r.variant, duration))
                         self.say(f"{label} {r.variant.name}: {r.runs[-1].ops_per_sec:,.0f} ops/s")
             except KeyboardInterrupt:
                 complete = min((len(r.runs) for r in results), default=0)

@@ -7,7 +7,10 @@ multi-gets on small values, every worker busy, at 1 and 2 worker threads
 and `fixed` (every shared atomic gone too). `memcached` (`--against
 memcached`) runs the same workload on kvcached `fixed` and Debian's memcached.
 `loadgen` checks the load generator itself: kvload and memcaslap against the
-same kvcached.
+same kvcached. `keycmp` is the Redis `lpFind` study's question on kvcached:
+the hash lookup's key comparison inlined (`--key-compare inline`, a length
+check and memcmp) or through a function pointer (`indirect`), `fixed` preset,
+the study's workload, 2 workers.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvprof.bench.variants import (
+    KEY_COMPARES,
     KVLOAD,
     MEMCASLAP,
     ClientConfig,
@@ -31,13 +35,17 @@ STUDY = "study"
 MEMCACHED = "memcached"
 LOADGEN = "loadgen"
 ATOMICS = "atomics"
-SCENARIOS = (STUDY, LOADGEN, ATOMICS)  # MEMCACHED is reached with --against memcached
+KEYCMP = "keycmp"
+SCENARIOS = (STUDY, LOADGEN, ATOMICS, KEYCMP)  # MEMCACHED is reached with --against memcached
 
 STUDY_SERVERS = ("baseline", "baseline+topkeys", "fixed")
 MEMCACHED_SERVERS = ("memcached", "fixed")  # memcached first: the ratio is kvcached / memcached
 MEMCACHED_WORKERS = (2,)
+REV_WORKERS = (2,)
 LOADGEN_SERVER = "fixed"  # the fastest kvcached: the most likely to expose a slow client
 LOADGEN_WORKERS = (2,)
+KEYCMP_PRESET = "fixed"  # no shared site in the way of what the key comparison costs
+KEYCMP_WORKERS = (2,)
 
 # The study's client. Read-only, so every request is a hit on a hot table and
 # the server's per-request bookkeeping (the contention sites) is a large part
@@ -132,6 +140,14 @@ def _clients(base: ClientConfig, o: Overrides) -> list[ClientConfig]:
     return out
 
 
+def single_client(workers: int, o: Overrides) -> ClientConfig:
+    """The study's client for `workers`, changed by the overrides, which must not make a matrix."""
+    clients = _clients(study_client(workers), o)
+    if len(clients) != 1:
+        raise ValueError("--rev takes one client setting: give one value per kvload option")
+    return clients[0]
+
+
 def _workers_title(workers: int) -> str:
     return f"{workers} worker{'s' if workers != 1 else ''}"
 
@@ -204,6 +220,26 @@ def loadgen(o: Overrides) -> Plan:
     return Plan(LOADGEN, tuple(groups), target=1.0, target_means="kvload is at least as fast as memcaslap")
 
 
+def keycmp(o: Overrides) -> Plan:
+    """kvcached `fixed` with the key comparison inlined, then through a function pointer."""
+    if o.servers:
+        raise ValueError("--scenario keycmp chooses its own variants: drop --variants")
+    groups = []
+    for w in o.workers or KEYCMP_WORKERS:
+        base = parse_server(KEYCMP_PRESET, w)
+        for client in _clients(study_client(w), o):
+            title = f"{KEYCMP_PRESET}, {_workers_title(w)}, kvload {client.label}"
+            variants = tuple(
+                Variant(f"{mode} t={w}", title, replace(base, key_compare=mode), client)
+                for mode in KEY_COMPARES
+            )
+            groups.append(Group(title, variants))
+    names = [v.name for g in groups for v in g.variants]
+    if len(set(names)) != len(names):
+        raise ValueError("--scenario keycmp takes one client setting per worker count")
+    return Plan(KEYCMP, tuple(groups))
+
+
 def build(scenario: str, against: str | None, o: Overrides) -> Plan:
     """The plan for `--scenario` (and `--against memcached`)."""
     if against == MEMCACHED:
@@ -214,4 +250,6 @@ def build(scenario: str, against: str | None, o: Overrides) -> Plan:
         return study(o)
     if scenario == LOADGEN:
         return loadgen(o)
+    if scenario == KEYCMP:
+        return keycmp(o)
     raise ValueError(f"unknown scenario {scenario!r} (scenarios: {', '.join(SCENARIOS)})")

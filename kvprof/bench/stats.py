@@ -1,6 +1,12 @@
-"""Statistics for benchmark results: medians, CVs, a t-test and the verdict.
+"""Statistics for benchmark results: medians, CVs, t-tests and the verdict.
 
 Pure functions over plain numbers, so every rule is unit-tested exactly.
+
+The verdict of an interleaved bench is judged on the per-round ratios (round
+i's new / reference), not on each variant's CV of ops/s: on a VM whose host
+moves the vCPUs between cores that share a cache and cores that do not, a
+whole round speeds up or slows down together, which the CV of ops/s counts as
+noise and the ratio divides out (docs/bench.md has the run that showed it).
 
 Throughput samples are ops/s (higher is better). The t-test is pyperf's: a
 two-sample, two-tailed Student's t-test at 95 % on the values pyperf stores,
@@ -15,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-UNSTABLE_CV = 0.10  # a variant whose CV is above this cannot be judged
+UNSTABLE_CV = 0.10  # a comparison whose spread (CV) is above this cannot be judged
 MIN_WATERLINE = 0.03  # changes smaller than this are noise even on a quiet machine
 
 IMPROVEMENT = "IMPROVEMENT"
@@ -103,21 +109,58 @@ def paired_ratios(base: Sequence[float], new: Sequence[float]) -> list[float]:
     return [n / b for b, n in zip(base, new, strict=True) if b > 0]
 
 
+def paired_t_test(ratios: Sequence[float]) -> TTest | None:
+    """Paired t-test of the rounds: one-sample t-test of log(ratio) against 0
+    (no change); None below 2 rounds. Logs make 2x and 0.5x equally far from 1."""
+    if len(ratios) < 2 or any(r <= 0 for r in ratios):
+        return None
+    logs = [math.log(r) for r in ratios]
+    df = len(logs) - 1
+    mean = statistics.fmean(logs)
+    error = statistics.stdev(logs) / math.sqrt(len(logs))
+    if error > 0:
+        return TTest(mean / error, df, t_critical_95(df))
+    return TTest(0.0 if mean == 0 else math.copysign(math.inf, mean), df, t_critical_95(df))
+
+
+def waterline(spread: float) -> float:
+    """The smallest change that counts: max(3 %, the spread's CV)."""
+    return max(MIN_WATERLINE, spread)
+
+
+def verdict(change: float, spread: float, significant: bool | None) -> str:
+    """The rule, for every comparison kvprof makes: UNSTABLE when the spread
+    (a CV) is above 10 %; IMPROVEMENT / REGRESSION when the change is beyond
+    max(3 %, the spread) and the test is significant at 95 %; else no change.
+
+    For interleaved rounds the change is the median per-round ratio - 1, the
+    spread the CV of the per-round ratios and the test the paired t-test on
+    their logs (`compare`); for two separate result files the change is the
+    ratio of the medians - 1, the spread the larger CV of ops/s and the test
+    the two-sample one (`compare_unpaired`)."""
+    if spread > UNSTABLE_CV:
+        return UNSTABLE
+    line = waterline(spread)
+    if significant and change > line:
+        return IMPROVEMENT
+    if significant and change < -line:
+        return REGRESSION
+    return NO_CHANGE
+
+
 @dataclass(frozen=True)
 class Comparison:
     """A new variant against its reference, both as ops/s samples."""
 
     base_median: float
     new_median: float
-    base_cv: float
+    base_cv: float  # CV of ops/s, for information
     new_cv: float
+    ratio: float  # what the verdict judges: the median per-round ratio (paired) or of the medians
+    spread: float  # the CV the verdict judges: of the per-round ratios (paired) or the larger of ops/s
+    paired: bool
     significant: bool | None  # None: too few runs to test
     verdict: str
-
-    @property
-    def ratio(self) -> float:
-        """new / base median throughput: above 1 is faster."""
-        return self.new_median / self.base_median if self.base_median else math.inf
 
     @property
     def change(self) -> float:
@@ -125,38 +168,48 @@ class Comparison:
 
     @property
     def waterline(self) -> float:
-        return waterline(self.base_cv, self.new_cv)
-
-
-def waterline(base_cv: float, new_cv: float) -> float:
-    """The smallest change that counts: max(3 %, the larger CV)."""
-    return max(MIN_WATERLINE, base_cv, new_cv)
-
-
-def verdict(change: float, base_cv: float, new_cv: float) -> str:
-    """Redis CE performance-automation style: UNSTABLE when either CV > 10 %,
-    IMPROVEMENT / REGRESSION when the change exceeds the waterline, else no change."""
-    if base_cv > UNSTABLE_CV or new_cv > UNSTABLE_CV:
-        return UNSTABLE
-    line = waterline(base_cv, new_cv)
-    if change > line:
-        return IMPROVEMENT
-    if change < -line:
-        return REGRESSION
-    return NO_CHANGE
+        return waterline(self.spread)
 
 
 def compare(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
-    """Compare two variants' ops/s samples (one per run)."""
+    """Compare two variants' ops/s samples run by run (interleaved rounds:
+    run i of each was measured in round i); unpaired when the counts differ."""
+    ratios = paired_ratios(base_ops, new_ops)
+    if len(ratios) < 2 or len(ratios) != len(base_ops):
+        return compare_unpaired(base_ops, new_ops)
+    test = paired_t_test(ratios)
+    ratio, spread = median(ratios), cv(ratios)
+    significant = None if test is None else test.significant
+    return Comparison(
+        base_median=median(base_ops),
+        new_median=median(new_ops),
+        base_cv=cv(base_ops),
+        new_cv=cv(new_ops),
+        ratio=ratio,
+        spread=spread,
+        paired=True,
+        significant=significant,
+        verdict=verdict(ratio - 1, spread, significant),
+    )
+
+
+def compare_unpaired(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
+    """Two sets of runs not measured side by side (two result files): medians,
+    the larger CV of ops/s, pyperf's two-sample t-test on seconds per op."""
     base_median, new_median = median(base_ops), median(new_ops)
     base_cv, new_cv = cv(base_ops), cv(new_ops)
     test = t_test([1 / x for x in base_ops], [1 / x for x in new_ops])
-    change = new_median / base_median - 1 if base_median else math.inf
+    ratio = new_median / base_median if base_median else math.inf
+    significant = None if test is None else test.significant
+    spread = max(base_cv, new_cv)
     return Comparison(
         base_median=base_median,
         new_median=new_median,
         base_cv=base_cv,
         new_cv=new_cv,
-        significant=None if test is None else test.significant,
-        verdict=verdict(change, base_cv, new_cv),
+        ratio=ratio,
+        spread=spread,
+        paired=False,
+        significant=significant,
+        verdict=verdict(ratio - 1, spread, significant),
     )

@@ -10,24 +10,31 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvprof.bench import atomics, placement, stats
+from kvprof.bench import atomics, instructions, placement, stats
 from kvprof.bench.results import Measured
 
 WIDTH = 80
 INDENT = "  "
+BUSY_CORES = 0.5  # other processes' share above which the placement probe measures waiting
 
-CV_LEGEND = "CV: stdev / mean over the runs. "
+CV_LEGEND = "CV: stdev / mean of ops/s over the runs, for information. "
 CPU_LEGEND = (
     "cpu ns/op: the server's CPU time per operation (median), less sensitive than ops/s to what "
     "else runs on the machine. "
 )
-RULES_LEGEND = (
-    "sig: two-sample t-test at 95 % (pyperf's, on seconds per op). verdict: UNSTABLE when either "
-    "CV > 10 %, IMPROVEMENT or REGRESSION when the change exceeds max(3 %, the larger CV), else "
-    "no change."
+PAIRED_LEGEND = (
+    "ratio: the median over the rounds of this variant's ops/s / the group's first variant's in "
+    "the same round; rCV: the CV of those per-round ratios. sig: paired t-test at 95 % on the "
+    "logs of the per-round ratios. verdict: UNSTABLE when rCV > 10 %, IMPROVEMENT or REGRESSION "
+    "when the ratio moves by more than max(3 %, rCV) and sig says yes, else no change."
 )
-LEGEND = "ratio: median ops/s / the group's first variant's. " + CV_LEGEND + CPU_LEGEND + RULES_LEGEND
-COMPARE_LEGEND = "ratio: new median ops/s / old. " + CV_LEGEND + RULES_LEGEND
+UNPAIRED_LEGEND = (
+    "sig: two-sample t-test at 95 % (pyperf's, on seconds per op). verdict: UNSTABLE when either "
+    "CV > 10 %, IMPROVEMENT or REGRESSION when the change exceeds max(3 %, the larger CV) and sig "
+    "says yes, else no change."
+)
+LEGEND = CV_LEGEND + CPU_LEGEND + PAIRED_LEGEND
+COMPARE_LEGEND = "ratio: new median ops/s / old. " + CV_LEGEND + UNPAIRED_LEGEND
 
 
 def wrap(text: str) -> list[str]:
@@ -58,6 +65,7 @@ class Row:
     median: float
     cv: float
     ratio: float | None  # None for a group's reference
+    spread: float | None  # the CV of the per-round ratios
     cpu_ns: float | None  # median server CPU time per operation
     significant: bool | None
     verdict: str
@@ -70,10 +78,10 @@ def rows(group: Sequence[Measured]) -> list[Row]:
     for i, m in enumerate(group):
         cpu = stats.median(m.server_ns_per_op) if m.server_ns_per_op else None
         if i == 0:
-            out.append(Row(m.name, stats.median(m.ops), stats.cv(m.ops), None, cpu, None, "reference"))
+            out.append(Row(m.name, stats.median(m.ops), stats.cv(m.ops), None, None, cpu, None, "reference"))
             continue
         c = stats.compare(ref.ops, m.ops)
-        out.append(Row(m.name, c.new_median, c.new_cv, c.ratio, cpu, c.significant, c.verdict))
+        out.append(Row(m.name, c.new_median, c.new_cv, c.ratio, c.spread, cpu, c.significant, c.verdict))
     return out
 
 
@@ -107,6 +115,13 @@ def _placement_line(measured: Sequence[Measured]) -> list[str]:
     line = f"cache-line round trip between two CPUs, before and after each run: {low:,.0f}-{high:,.0f} ns"
     if placement.alike(low, high):
         return wrap(line + ".")
+    other = [x for m in measured for x in m.other_cores]
+    if other and max(other) > BUSY_CORES:
+        # a probe thread that waits for a CPU reads microseconds: the machine, not the host
+        return wrap(
+            line + f": other processes took up to {max(other):.2f} cores, so the probe's threads "
+            "waited for a CPU and these readings say little about where the host put the CPUs."
+        )
     return wrap(
         line + ": the host moved the CPUs between cores that share a cache and cores that do not "
         "during the bench, which changes what shared locks and counters cost (the JSON has the "
@@ -125,18 +140,17 @@ def _paired_lines(measured: Sequence[Measured]) -> list[str]:
                 lines.append(f"  {m.name}: {spread}, CV {100 * stats.cv(ratios):.1f} %")
     if not lines:
         return []
-    # The CV of the ratios is what is left once the drift that moves a whole
-    # round together is divided out; the verdict keeps the Redis rule (CV of ops/s).
     return ["ratio within each round (min / median / max, CV of the ratios):", *lines]
 
 
 def render_bench(measured: Sequence[Measured], title: Sequence[str] = (), legend: bool = True) -> list[str]:
-    """The main table: per group, median ops/s, CV, ratio, server CPU per op, t-test, verdict."""
+    """The main table: per group, median ops/s, CV, per-round ratio and its CV,
+    server CPU per op, paired t-test, verdict."""
     with_cpu = any(m.server_ns_per_op for m in measured)
-    rest = 11 + 7 + 7 + (10 if with_cpu else 0) + 5 + 13
+    rest = 11 + 6 + 6 + 6 + (10 if with_cpu else 0) + 5 + 13
     name_w = min(max((len(INDENT) + len(m.name) for m in measured), default=10), WIDTH - rest)
     name_w = max(name_w, len("variant"))
-    head = f"{'variant':<{name_w}}{'ops/s':>11}{'CV %':>7}{'ratio':>7}"
+    head = f"{'variant':<{name_w}}{'ops/s':>11}{'CV %':>6}{'ratio':>6}{'rCV %':>6}"
     head += f"{'cpu ns/op':>10}" if with_cpu else ""
     head += f"{'sig':>5}  {'verdict'}"
     lines = [*title, head]
@@ -144,8 +158,9 @@ def render_bench(measured: Sequence[Measured], title: Sequence[str] = (), legend
         if group:
             lines.append(_fit(group, WIDTH))
         for r in rows(members):
-            line = f"{_fit(INDENT + r.name, name_w):<{name_w}}{r.median:>11,.0f}{100 * r.cv:>7.1f}"
-            line += f"{'1.000' if r.ratio is None else f'{r.ratio:.3f}':>7}"
+            line = f"{_fit(INDENT + r.name, name_w):<{name_w}}{r.median:>11,.0f}{100 * r.cv:>6.1f}"
+            line += f"{'1.000' if r.ratio is None else f'{r.ratio:.3f}':>6}"
+            line += f"{'' if r.spread is None else f'{100 * r.spread:.1f}':>6}"
             if with_cpu:
                 line += f"{'-' if r.cpu_ns is None else f'{r.cpu_ns:,.0f}':>10}"
             line += f"{'' if r.ratio is None else _sig(r.significant):>5}  {r.verdict}"
@@ -173,7 +188,7 @@ def render_compare(
         if group:
             lines.append(_fit(group, WIDTH))
         for m in members:
-            c = stats.compare(by_name[m.name].ops, m.ops)
+            c = stats.compare_unpaired(by_name[m.name].ops, m.ops)
             cvs = f"{100 * c.base_cv:.1f}/{100 * c.new_cv:.1f}"
             lines.append(
                 f"{_fit(INDENT + m.name, name_w):<{name_w}}{c.base_median:>11,.0f}{c.new_median:>11,.0f}"
@@ -227,4 +242,70 @@ def render_atomics(results: Sequence[atomics.ConfigRuns], multi_socket: bool) ->
     if cross:
         lines += wrap("cross-socket vs same-socket: " + ", ".join(cross))
     lines.append("ns/op: nanoseconds per increment per thread (threads / ops/s).")
+    return lines
+
+
+INSTRUCTIONS_LEGEND = (
+    "instr/op: instructions per operation counted by cachegrind (median over the rounds), CV "
+    "its spread; ratio: to the group's first variant. D1 / LL miss/op: simulated first-level "
+    "data and last-level cache misses per operation (a difference of two counts, shown as 0 "
+    "below 0). Per operation means the difference of two runs of the same server, one with "
+    "more requests, divided by the extra operations: start-up and population cancel out."
+)
+
+
+def render_instructions(done: Sequence[instructions.VariantRounds]) -> list[str]:
+    """Instructions and cache misses per operation per variant, then the functions whose
+    instructions per operation changed most against each group's first variant."""
+    measured = [vr for vr in done if vr.rounds]
+    rest = 11 + 6 + 7 + 11 + 11
+    name_w = min(max((len(INDENT) + len(vr.variant.name) for vr in measured), default=10), WIDTH - rest)
+    name_w = max(name_w, len("variant"))
+    lines = [
+        f"{'variant':<{name_w}}{'instr/op':>11}{'CV %':>6}{'ratio':>7}{'D1 miss/op':>11}{'LL miss/op':>11}"
+    ]
+    by_group: dict[str, list[instructions.VariantRounds]] = {}
+    for vr in measured:
+        by_group.setdefault(vr.variant.group, []).append(vr)
+    diffs: list[str] = []
+    for group, members in by_group.items():
+        lines.append(_fit(group, WIDTH))
+        ref = stats.median([r.instructions for r in members[0].rounds])
+        for vr in members:
+            ir = [r.instructions for r in vr.rounds]
+            med = stats.median(ir)
+            d1 = stats.median([r.d1 for r in vr.rounds])
+            ll = stats.median([r.ll for r in vr.rounds])
+            lines.append(
+                f"{_fit(INDENT + vr.variant.name, name_w):<{name_w}}{med:>11,.1f}{100 * stats.cv(ir):>6.2f}"
+                f"{med / ref:>7.3f}{max(d1, 0.0):>11.2f}{max(ll, 0.0):>11.3f}"
+            )
+        for vr in members[1:]:
+            diffs += function_diff(members[0], vr)
+    return lines + diffs + wrap(INSTRUCTIONS_LEGEND)
+
+
+def function_diff(base: instructions.VariantRounds, new: instructions.VariantRounds) -> list[str]:
+    """The functions whose median instructions per operation changed most, new - base (like
+    `cg_diff` then `cg_annotate`)."""
+
+    def per_fn(vr: instructions.VariantRounds) -> dict[str, float]:
+        names = {fn for r in vr.rounds for fn in r.functions}
+        return {fn: stats.median([r.functions.get(fn, 0.0) for r in vr.rounds]) for fn in names}
+
+    a, b = per_fn(base), per_fn(new)
+    delta = {fn: b.get(fn, 0.0) - a.get(fn, 0.0) for fn in set(a) | set(b)}
+    top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[: instructions.TOP_FUNCTIONS]
+    top = [(fn, d) for fn, d in top if abs(d) >= 0.05]
+    if not top:
+        return []
+    total = sum(delta.values())
+    lines = [
+        _fit(
+            f"instructions/op by function, {new.variant.name} - {base.variant.name} ({total:+,.1f} in all):",
+            WIDTH,
+        )
+    ]
+    for fn, d in top:
+        lines.append(_fit(f"  {d:>+9.1f}  {fn}", WIDTH))
     return lines

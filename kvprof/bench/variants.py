@@ -13,6 +13,7 @@ from dataclasses import dataclass
 PRESETS = ("baseline", "fixed")
 # kvcached's per-site flags, in the order of the study's story.
 SITES = ("topkeys", "timings", "item-counter", "memory-counter")
+KEY_COMPARES = ("inline", "indirect")  # kvcached --key-compare, its default first
 SHARED, PER_THREAD = "shared", "per-thread"
 KVCACHED, MEMCACHED = "kvcached", "memcached"
 KVLOAD, MEMCASLAP = "kvload", "memcaslap"
@@ -26,12 +27,18 @@ class ServerConfig:
     workers: int
     preset: str = ""  # kvcached only
     flipped: tuple[str, ...] = ()  # sites switched away from the preset's mode
+    key_compare: str = ""  # kvcached --key-compare (inline / indirect); "": the server's default
+    binary: str = ""  # a kvcached built elsewhere (kvprof bench --rev); "": the normal build
+    revision: str = ""  # the git revision `binary` was built at, as the user named it
+    commit: str = ""  # and its commit id
 
     @property
     def label(self) -> str:
         if self.kind == MEMCACHED:
             return MEMCACHED
-        return "+".join((self.preset, *self.flipped))
+        label = "+".join((self.preset, *self.flipped))
+        label += f" {self.key_compare} keys" if self.key_compare else ""
+        return label + (f" @{self.revision}" if self.revision else "")
 
     def site_modes(self) -> dict[str, str]:
         """Each kvcached site's mode (empty for memcached)."""
@@ -47,7 +54,8 @@ class ServerConfig:
             return ["-t", str(self.workers)]
         modes = self.site_modes()
         flips = [arg for site in self.flipped for arg in (f"--{site}", modes[site])]
-        return ["--preset", self.preset, *flips, "-t", str(self.workers)]
+        keys = ["--key-compare", self.key_compare] if self.key_compare else []
+        return ["--preset", self.preset, *flips, *keys, "-t", str(self.workers)]
 
 
 def parse_server(spec: str, workers: int) -> ServerConfig:

@@ -9,7 +9,7 @@ from typing import Any
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
-SCENARIOS = ("study", "loadgen", "atomics")
+SCENARIOS = ("study", "loadgen", "atomics", "keycmp")
 
 EXAMPLES = """\
 examples:
@@ -19,6 +19,9 @@ examples:
   kvprof bench --scenario atomics     # shared vs padded vs local counters
   kvprof bench -t 2 --variants baseline,baseline+topkeys,fixed+item-counter,fixed
   kvprof bench -t 2 --variants fixed --connections 2,4,8  # client settings
+  kvprof bench --scenario keycmp      # key comparison inlined vs through a pointer
+  kvprof bench --scenario keycmp --instructions   # instructions/op under cachegrind
+  kvprof bench --rev HEAD~1 --rev HEAD --history bench-history.jsonl
   kvprof bench --runs 10 --duration 5 -o before.json
   kvprof bench --compare before.json after.json
   python -m pyperf compare_to before.json after.json   # same files
@@ -28,9 +31,13 @@ DESCRIPTION = """\
 Start every variant's server (kvcached presets and per-site switches, or
 memcached) on free loopback ports, populate each once, then run kvload against
 them interleaved (A B C, A B C, ...) so machine drift hits all alike. Prints
-median ops/s, CV, the ratio to each group's first variant, a t-test and a
-verdict (UNSTABLE / IMPROVEMENT / REGRESSION / no change), and writes pyperf
+median ops/s and CV, the median per-round ratio to each group's first variant
+and that ratio's CV, a paired t-test and a verdict judged on the per-round
+ratios (UNSTABLE / IMPROVEMENT / REGRESSION / no change), and writes pyperf
 JSON (values are seconds per operation, so pyperf's "faster" is more ops/s).
+--instructions counts instructions and simulated cache misses per operation
+under valgrind's cachegrind instead; --rev builds kvcached at git revisions
+of the repository you are in and runs them as the variants.
 
 A variant spec is `baseline` or `fixed`, optionally with `+SITE` for each site
 flipped away from the preset (sites: topkeys, timings, item-counter,
@@ -126,6 +133,31 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
     p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run each server under cachegrind for a fixed request count: instructions and "
+        "simulated D1/LL misses per operation (--runs rounds)",
+    )
+    p.add_argument(
+        "--requests",
+        type=_count,
+        metavar="N",
+        help="--instructions: measured requests per round (default: 100000)",
+    )
+    p.add_argument(
+        "--rev",
+        action="append",
+        metavar="REV",
+        help="build kvcached at this git revision of the current repository and run it as a "
+        "variant (give it twice or more: --rev HEAD~1 --rev HEAD)",
+    )
+    p.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="append this run to FILE (JSON lines) and judge the last variant against the last 5 runs there",
+    )
+    p.add_argument(
         "-t",
         "--threads",
         type=_counts,
@@ -151,10 +183,18 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.bench import command, scenarios
+    from kvprof.bench import command, instructions, scenarios
 
     if args.compare:
-        others = [args.against, args.variants, args.threads, args.output]
+        others = [
+            args.against,
+            args.variants,
+            args.threads,
+            args.output,
+            args.rev,
+            args.history,
+            args.requests,
+        ]
         if args.scenario != "study" or any(x is not None for x in others):
             print("kvprof bench: --compare takes only the two files", file=sys.stderr)
             return 2
@@ -180,5 +220,12 @@ def _run(args: argparse.Namespace) -> int:
         wait_idle=args.wait_idle,
         output=args.output,
         overrides=overrides,
+        instructions=args.instructions,
+        requests=args.requests or instructions.DEFAULT_REQUESTS,
+        revs=tuple(args.rev or ()),
+        history=args.history,
     )
+    if args.requests and not args.instructions:
+        print("kvprof bench: --requests goes with --instructions", file=sys.stderr)
+        return 2
     return command.run(options)

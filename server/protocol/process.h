@@ -3,6 +3,7 @@
 #define KV_PROCESS_H
 
 #include "core/conn.h"
+#include "storage/items.h"
 
 /* Runs commands from c->rbuf until input runs out, output passes the high
  * water mark (returns 1: call again once it drained), or the connection is
@@ -27,6 +28,7 @@ struct settings {
     const char *cpu_affinity; /* as given, "" when the workers are not pinned */
     int ncpus;                /* worker i runs on cpus[i % ncpus] when ncpus > 0 */
     int cpus[1024];
+    enum key_compare key_compare;
 };
 extern struct settings settings;
 

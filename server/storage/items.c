@@ -41,8 +41,33 @@ static int dead_reason(const item *it, uint64_t now)
     return -1;
 }
 
+/* The general design of --key-compare indirect: an ordering comparison
+ * (as a sorted structure would need) called through a pointer for every item
+ * of the chain, lengths compared only after the bytes. */
+static int key_order(const char *a, size_t na, const char *b, size_t nb)
+{
+    int c = memcmp(a, b, na < nb ? na : nb);
+    return c != 0 ? c : (na > nb) - (na < nb);
+}
+
+static enum key_compare key_mode = KEY_COMPARE_INLINE;
+static int (*key_cmp)(const char *, size_t, const char *, size_t); /* set by items_setup */
+
+const char *key_compare_name(enum key_compare mode)
+{
+    return mode == KEY_COMPARE_INDIRECT ? "indirect" : "inline";
+}
+
+enum key_compare items_key_compare(void) { return key_mode; }
+
 static item *find_locked(const char *key, uint8_t nkey, uint64_t hv)
 {
+    if (key_mode == KEY_COMPARE_INDIRECT) {
+        for (item *it = buckets[hv & hmask]; it != NULL; it = it->hnext)
+            if (key_cmp(item_ckey(it), it->nkey, key, nkey) == 0)
+                return it;
+        return NULL;
+    }
     for (item *it = buckets[hv & hmask]; it != NULL; it = it->hnext)
         if (it->nkey == nkey && memcmp(item_ckey(it), key, nkey) == 0)
             return it;
@@ -443,8 +468,10 @@ void items_totals(struct items_totals *out)
     }
 }
 
-int items_setup(size_t mem_limit, size_t item_size_max)
+int items_setup(size_t mem_limit, size_t item_size_max, enum key_compare mode)
 {
+    key_mode = mode;
+    key_cmp = mode == KEY_COMPARE_INDIRECT ? key_order : NULL;
     if (slabs_setup(mem_limit, item_size_max) != 0)
         return -1;
     unsigned power = 16;

@@ -17,7 +17,14 @@ enum arith_result { ARITH_OK, ARITH_NOT_FOUND, ARITH_NON_NUMERIC, ARITH_NO_MEMOR
 /* item__delete reasons, as documented in probes/kvs.d */
 enum delete_reason { DEL_DELETE, DEL_EXPIRE, DEL_EVICT, DEL_REPLACE, DEL_FLUSH, DEL_ABANDON };
 
-int items_setup(size_t mem_limit, size_t item_size_max);
+/* How the hash lookup compares keys (--key-compare): INLINE checks the
+ * length, then memcmp, in the loop; INDIRECT calls a general ordering
+ * comparison through a function pointer for every item of the chain. */
+enum key_compare { KEY_COMPARE_INLINE, KEY_COMPARE_INDIRECT };
+const char *key_compare_name(enum key_compare mode);
+enum key_compare items_key_compare(void);
+
+int items_setup(size_t mem_limit, size_t item_size_max, enum key_compare mode);
 void items_teardown(void);
 
 /* Called with the item's stripe lock held, to copy what the reply needs. */
