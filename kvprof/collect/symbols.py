@@ -9,11 +9,14 @@ what was resolved once the target is gone.
 
 from __future__ import annotations
 
+import bisect
 import os
 from pathlib import Path
 from typing import Any
 
 from bcc import BPF
+
+from kvprof.collect.unwind import MARKERS, Unwinder
 
 TRACING_FRAMES = (
     "__traceiter_", "perf_trace_", "trace_event_raw_event_", "bpf_trace_run", "__bpf_trace_", "bpf_prog_",
@@ -21,8 +24,9 @@ TRACING_FRAMES = (
 
 
 class Symbolizer:
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, unwinder: Unwinder | None = None) -> None:
         self.pid = pid
+        self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
 
@@ -38,18 +42,40 @@ class Symbolizer:
     def user(self, addr: int) -> str:
         frame = self._user.get(addr)
         if frame is None:
-            try:
-                name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
-            except Exception:  # the process is gone and was never resolved
-                name, offset, module = None, addr, None
-            if name:
-                frame = name.decode(errors="replace")
-            elif module:
-                frame = f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
-            else:
-                frame = f"0x{addr:x}"
+            frame = self._resolve(addr)
             self._user[addr] = frame
         return frame
+
+    def _resolve(self, addr: int) -> str:
+        """`function`, `module+0xoffset` (module-relative), or [unknown]: never a bare address."""
+        m = self.unwinder.mapping(addr) if self.unwinder else None
+        if m is not None and m.symbols:  # the vdso, read from the target's memory
+            pc = addr - m.bias
+            i = bisect.bisect_right(m.symbols, (pc, 1 << 64, "")) - 1
+            if i >= 0 and m.symbols[i][0] <= pc < m.symbols[i][1]:
+                return m.symbols[i][2]
+            return f"{m.name}+0x{pc:x}"
+        if m is not None and not m.path.startswith("/"):
+            return "[unknown]"  # anonymous memory: JIT code or a trampoline
+        try:
+            name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
+        except Exception:  # the process is gone and was never resolved
+            name, offset, module = None, addr, None
+        if name:
+            return name.decode(errors="replace")
+        if m is not None:
+            return f"{m.name}+0x{addr - m.bias:x}"
+        if module:
+            return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
+        return "[unknown]"
+
+    def unwound(self, ips: list[int], reason: str) -> list[str]:
+        """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
+        a walk that stopped before the root starts with its marker."""
+        frames = [self.user(a) for a in reversed(ips)]
+        if reason != "root":
+            frames.insert(0, MARKERS[reason])
+        return frames
 
     def kernel(self, addr: int) -> str:
         frame = self._kernel.get(addr)
@@ -79,10 +105,11 @@ class Symbolizer:
 
 def stack_looks_truncated(frames: list[str]) -> bool:
     """A user stack that is 1-2 frames deep or whose root frame is unknown:
-    the usual sign of code built without frame pointers."""
+    the usual sign of code built without frame pointers (stacks that
+    probes/unwind.h walked say why they stopped instead)."""
     if not frames:
         return True
-    return len(frames) <= 2 or frames[0].startswith("0x") or "+0x" in frames[0]
+    return len(frames) <= 2 or frames[0].startswith(("0x", "[unknown]", "[truncated]")) or "+0x" in frames[0]
 
 
 class ThreadNames:

@@ -57,6 +57,7 @@ class ThreadInfo:
     cpu_samples: int = 0
     sockets: dict[str, int] = field(default_factory=dict)  # socket -> samples
     stack_quality: float | None = None  # share of stacks that look truncated (0 = all good)
+    stack_stops: dict[str, int] = field(default_factory=dict)  # why on-CPU stacks stopped early -> samples
     offcpu_ns: int = 0
     lock_wait_ns: int = 0
 
