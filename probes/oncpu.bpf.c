@@ -75,7 +75,7 @@ static __always_inline int stack_failed(int id)
 int on_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if ((id >> 32) != TARGET_TGID || !unw_tables_ready())
         return 0;
 
     struct key_t key = {};

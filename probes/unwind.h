@@ -81,8 +81,18 @@ struct unw_regs {
 
 BPF_ARRAY(unw_rows, struct unw_row, UNWIND_ROWS);
 BPF_HASH(unw_pages, u64, struct unw_page, UNWIND_PAGES);
+BPF_ARRAY(unw_ready, u32, 1);  // set once the loader has pushed the tables
 BPF_HASH(ustacks, u64, struct ustack_t, UNWIND_STACKS);
 BPF_PERCPU_ARRAY(unw_scratch, struct ustack_t, 1);
+
+// Events that come before the tables are in (BCC attaches tracepoints while
+// loading) are skipped: their stacks would stop at the first frame.
+static __always_inline int unw_tables_ready(void)
+{
+    int zero = 0;
+    u32 *ready = unw_ready.lookup(&zero);
+    return ready && *ready;
+}
 
 // The user registers of the current task: the sample's own registers when it
 // interrupted user mode (`ctx_regs`, a perf-event context's, read field by

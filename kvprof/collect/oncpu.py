@@ -88,6 +88,8 @@ class OnCpuCollector:
         self._symbols.warm()
         try:
             self._unwinder.prepare()
+            if self._unwinder.built and self.opts.progress is not None:
+                self.opts.progress(self._unwinder.built_line())
         except OSError as e:
             raise CollectError(f"oncpu: cannot read the target's mappings ({e.strerror})") from None
         try:
@@ -155,6 +157,7 @@ class OnCpuCollector:
 
     def contribute(self, profile: Profile) -> None:
         if self._bpf is not None:
+            self._unwinder.refresh(self._bpf)  # what was mapped since (the uprobe trampoline, dlopen)
             self._last = self._read()
         snap = self._last
         profile.oncpu = [CpuStack(s.tid, list(s.frames), s.count) for s in snap.stacks]
@@ -179,8 +182,6 @@ class OnCpuCollector:
         for w in self._unwinder.warnings:
             if w not in profile.status.warnings:
                 profile.status.warnings.append(w)
-        for module, rows, seconds in self._unwinder.built:
-            counters[f"unwind.build_ms.{module}"] = round(seconds * 1000)
         if counters["oncpu.stack_errors"]:
             warn(profile, "oncpu: stacks lost", counters["oncpu.stack_errors"], "raise --stack-storage")
         if counters["oncpu.map_full"]:

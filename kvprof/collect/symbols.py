@@ -55,8 +55,10 @@ class Symbolizer:
             if i >= 0 and m.symbols[i][0] <= pc < m.symbols[i][1]:
                 return m.symbols[i][2]
             return f"{m.name}+0x{pc:x}"
+        if m is not None and m.path == "[uprobes]":
+            return "[uprobes]"  # the kernel's trampoline that runs an optimized uprobe
         if m is not None and not m.path.startswith("/"):
-            return "[unknown]"  # anonymous memory: JIT code or a trampoline
+            return "[unknown]"  # anonymous memory: JIT code
         try:
             name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
         except Exception:  # the process is gone and was never resolved

@@ -267,37 +267,68 @@ class Unwinder:
         self.built: list[tuple[str, int, float]] = []  # (module, rows, seconds) built, not cached
         self.warnings: list[str] = []
         self._starts: list[int] = []
+        self._known: set[tuple[int, int, str]] = set()
+        self._tables: dict[str, tuple[Table | None, str]] = {}  # path -> table, or why none
+        self._pushed: set[int] = set()  # starts of the mappings whose pages are in the maps
+        self._placed: dict[int, int] = {}  # id(table) -> its first row in unw_rows
+        self._nrows = 0
+        self._npages = 0
 
     def prepare(self) -> None:
-        """Read the target's executable mappings and build (or load) each module's table once."""
-        tables: dict[str, tuple[Table | None, str, int | None, list[tuple[int, int, str]]]] = {}
-        mappings = _maps(self.pid)
+        """Read the target's executable mappings and build (or load) the table of
+        each module not seen before, once."""
+        mappings = [m for m in _maps(self.pid) if (m.start, m.end, m.path) not in self._known]
         for m in mappings:
-            if m.path == "[vdso]":
-                self._vdso(m)
-                continue
-            if not m.path or m.path.startswith("["):
-                m.why = "anonymous memory (JIT code?): no unwind information"
-                continue
-            # map_files opens what is mapped, also when it was deleted or replaced on disk
-            source = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
-            try:
-                with open(source, "rb") as f:
-                    m.bias = _bias(ELFFile(f), m)
-            except (OSError, ELFError) as e:
-                m.why = f"not an ELF file we can read ({e.__class__.__name__})"
-                continue
-            if m.path not in tables:
-                try:
-                    table = module_table(source)
-                    tables[m.path] = (table if table.rows else None, "" if table.rows else "no .eh_frame or .debug_frame", None, [])
-                    if not table.cached:
-                        self.built.append((m.name, len(table.pcs), table.build_s))
-                except (OSError, ELFError) as e:
-                    tables[m.path] = (None, f"cannot read its unwind information ({e.__class__.__name__})", None, [])
-            m.table, m.why = tables[m.path][0], tables[m.path][1]
-        self.mappings = sorted(mappings, key=lambda m: m.start)
+            self._known.add((m.start, m.end, m.path))
+            self._prepare(m)
+        self.mappings = sorted(self.mappings + mappings, key=lambda m: m.start)
         self._starts = [m.start for m in self.mappings]
+
+    def built_line(self) -> str:
+        """What prepare() built (not found in the cache), for progress output."""
+        total = sum(s for _, _, s in self.built)
+        each = ", ".join(f"{name} {rows:,} rows {s:.2f} s" for name, rows, s in self.built)
+        return f"unwind tables built in {total:.1f} s ({each}); cached in {CACHE_DIR}"
+
+    def refresh(self, bpf: Any) -> None:
+        """Push what was mapped since: libraries opened late, the uprobe trampoline
+        that the kernel maps once a probe is attached."""
+        try:
+            self.prepare()
+        except OSError:  # the target is gone
+            return
+        self.load(bpf)
+
+    def _prepare(self, m: Mapping) -> None:
+        if m.path == "[vdso]":
+            self._vdso(m)
+            return
+        if m.path == "[uprobes]":
+            # The kernel's trampoline of optimized uprobes (6.18: a USDT probe's nop5 becomes
+            # a call into it): push rcx, r11, rax; syscall. Here: CFA = rsp + 32.
+            m.bias = m.start
+            m.table = Table(ROW.pack(0, ROW_KINDS.index("rsp"), 0, 0, 32), [0], 0.0, True)
+            return
+        if not m.path or m.path.startswith("["):
+            m.why = "anonymous memory (JIT code?): no unwind information"
+            return
+        # map_files opens what is mapped, also when it was deleted or replaced on disk
+        source = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
+        try:
+            with open(source, "rb") as f:
+                m.bias = _bias(ELFFile(f), m)
+        except (OSError, ELFError) as e:
+            m.why = f"not an ELF file we can read ({e.__class__.__name__})"
+            return
+        if m.path not in self._tables:
+            try:
+                table = module_table(source)
+                self._tables[m.path] = (table, "") if table.rows else (None, "no .eh_frame or .debug_frame")
+                if not table.cached:
+                    self.built.append((m.name, len(table.pcs), table.build_s))
+            except (OSError, ELFError) as e:
+                self._tables[m.path] = (None, f"cannot read its unwind information ({e.__class__.__name__})")
+        m.table, m.why = self._tables[m.path]
 
     def _vdso(self, m: Mapping) -> None:
         try:
@@ -326,34 +357,33 @@ class Unwinder:
         m.table = Table(data, [r[0] for r in rows], time.monotonic() - t0, False)
 
     def load(self, bpf: Any) -> None:
-        """Push every table and page into `bpf`'s unw_rows and unw_pages."""
+        """Push the tables and pages of the mappings not pushed yet into `bpf`'s
+        unw_rows and unw_pages, then mark the tables ready."""
         rows_map, pages_map = bpf[b"unw_rows"], bpf[b"unw_pages"]
-        placed: dict[int, int] = {}  # id(table) -> its first row in unw_rows
         chunks: list[bytes] = []
-        nrows = 0
+        first_row = self._nrows
         page_keys: list[int] = []
         page_vals: list[tuple[int, int, int, int]] = []
-        full_rows = full_pages = False
+        full = False
         for m in self.mappings:
-            flags, start, pcs = PAGE_FP, 0, None
-            if m.why and m.table is None and not m.path.startswith("/") and m.path != "[vdso]":
+            if m.start in self._pushed:
+                continue
+            self._pushed.add(m.start)
+            if m.table is None and not m.path.startswith("/"):
                 continue  # anonymous: no pages, frames there are [unknown]
+            flags, start, pcs = PAGE_FP, 0, None
             if m.table is not None:
-                if id(m.table) not in placed:
-                    count = len(m.table.pcs)
-                    if nrows + count > UNWIND_ROWS:
-                        full_rows = True
-                    else:
-                        placed[id(m.table)] = nrows
-                        chunks.append(m.table.rows)
-                        nrows += count
-                if id(m.table) in placed:
-                    flags, start, pcs = 0, placed[id(m.table)], m.table.pcs
+                if id(m.table) not in self._placed and self._nrows + len(m.table.pcs) <= UNWIND_ROWS:
+                    self._placed[id(m.table)] = self._nrows
+                    chunks.append(m.table.rows)
+                    self._nrows += len(m.table.pcs)
+                if id(m.table) in self._placed:
+                    flags, start, pcs = 0, self._placed[id(m.table)], m.table.pcs
                 else:
-                    flags = PAGE_NO_TABLE
-            for page in range(m.start >> PAGE_SHIFT, (m.end - 1 >> PAGE_SHIFT) + 1):
-                if len(page_keys) >= UNWIND_PAGES:
-                    full_pages = True
+                    flags, full = PAGE_NO_TABLE, True
+            for page in range(m.start >> PAGE_SHIFT, ((m.end - 1) >> PAGE_SHIFT) + 1):
+                if self._npages >= UNWIND_PAGES:
+                    full = True
                     break
                 first = count = 0
                 if pcs is not None:
@@ -362,15 +392,17 @@ class Unwinder:
                     count = bisect.bisect_left(pcs, lo + (1 << PAGE_SHIFT)) - first
                 page_keys.append(page)
                 page_vals.append((m.bias, start + first, count, flags))
-        if full_rows or full_pages:
+                self._npages += 1
+        if full and not self.warnings:
             self.warnings.append(
                 f"unwind: the target's {len(self.mappings)} executable mappings do not fit "
                 f"({UNWIND_ROWS:,} rows, {UNWIND_PAGES:,} pages): stacks through the rest end in [truncated]"
             )
-        if nrows:
+        n = self._nrows - first_row
+        if n:
             data = b"".join(chunks)
-            keys = (rows_map.Key * nrows)(*range(nrows))
-            values = (rows_map.Leaf * nrows)()
+            keys = (rows_map.Key * n)(*range(first_row, self._nrows))
+            values = (rows_map.Leaf * n)()
             ctypes.memmove(values, data, len(data))
             rows_map.items_update_batch(keys, values)
         if page_keys:
@@ -379,6 +411,8 @@ class Unwinder:
             for v, (bias, start, count, flags) in zip(values, page_vals):
                 v.bias, v.row_start, v.row_count, v.flags = bias, start, count, flags
             pages_map.items_update_batch(keys, values)
+        ready = bpf[b"unw_ready"]
+        ready[ready.Key(0)] = ready.Leaf(1)
 
     def mapping(self, ip: int) -> Mapping | None:
         i = bisect.bisect_right(self._starts, ip) - 1
