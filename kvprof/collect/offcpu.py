@@ -35,7 +35,7 @@ from bcc import BPF
 
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
 from kvprof.collect.oncpu import load_error, percpu_counters, warn
-from kvprof.collect.symbols import Symbolizer, ThreadNames
+from kvprof.collect.symbols import DataNames, Symbolizer, ThreadNames
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
 SOURCE = PROBES_DIR / "offcpu.bpf.c"
@@ -65,6 +65,7 @@ class OffCpuCollector:
         self._bpf: Any = None
         self._unwinder = unwind.Unwinder(pid)
         self._symbols = Symbolizer(pid, self._unwinder)
+        self._data = DataNames(pid, self._unwinder)
         self._names = ThreadNames(pid)
         self._last = _Snapshot()
 
@@ -136,7 +137,9 @@ class OffCpuCollector:
                 for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
             ],
             futex=[
-                FutexWait(tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns)
+                FutexWait(
+                    tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns, name=self._data.name(uaddr)
+                )
                 for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
             ],
             offcpu_ns=dict(per_thread),
@@ -154,7 +157,9 @@ class OffCpuCollector:
             self._last = self._read()
         snap = self._last
         profile.offcpu.stacks = [OffCpuStack(s.tid, list(s.frames), s.ns) for s in snap.stacks]
-        profile.offcpu.futex = [FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns) for f in snap.futex]
+        profile.offcpu.futex = [
+            FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns, f.name) for f in snap.futex
+        ]
         for tid, name in snap.names.items():
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.offcpu_ns = snap.offcpu_ns.get(tid, 0)

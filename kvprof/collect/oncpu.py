@@ -19,8 +19,7 @@ from typing import Any
 
 from bcc import BPF, PerfSWConfig, PerfType
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
-from kvprof.collect import unwind
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
 from kvprof.collect.symbols import Symbolizer, ThreadNames
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
 

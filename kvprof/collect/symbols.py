@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bcc import BPF
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from kvprof.collect.unwind import MARKERS, Unwinder
 
@@ -64,7 +66,7 @@ class Symbolizer:
         except Exception:  # the process is gone and was never resolved
             name, offset, module = None, addr, None
         if name:
-            return name.decode(errors="replace")
+            return str(name.decode(errors="replace"))
         if m is not None:
             return f"{m.name}+0x{addr - m.bias:x}"
         if module:
@@ -103,6 +105,83 @@ class Symbolizer:
         while frames and frames[-1].startswith(TRACING_FRAMES):
             frames.pop()
         return frames
+
+
+class DataNames:
+    """Names of data addresses of one process (futex words): the object symbol
+    that contains it (`.symtab`, `.dynsym`: `stats_lock`, `server+0x8`), else
+    `heap 0x...` / `stack 0x...` by the mapping it lies in."""
+
+    def __init__(self, pid: int, unwinder: Unwinder) -> None:
+        self.pid = pid
+        self.unwinder = unwinder  # its mappings give each module's load bias
+        self._objects: dict[str, list[tuple[int, int, str]]] = {}
+        self._names: dict[int, str] = {}
+
+    def _symbols(self, path: str, source: str) -> list[tuple[int, int, str]]:
+        if path not in self._objects:
+            self._objects[path] = object_symbols(source)
+        return self._objects[path]
+
+    def name(self, addr: int) -> str:
+        found = self._names.get(addr)
+        if found is None:
+            found = self._resolve(addr)
+            self._names[addr] = found
+        return found
+
+    def _resolve(self, addr: int) -> str:
+        seen = set()
+        for m in self.unwinder.mappings:
+            if not m.path.startswith("/") or m.path in seen or m.why:
+                continue
+            seen.add(m.path)
+            syms = self._symbols(m.path, f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}")
+            rel = addr - m.bias
+            i = bisect.bisect_right(syms, (rel, 1 << 64, "")) - 1
+            if i >= 0 and syms[i][0] <= rel < syms[i][1]:
+                off = rel - syms[i][0]
+                return syms[i][2] + (f"+0x{off:x}" if off else "")
+        return f"{region_of(self.pid, addr)} 0x{addr:x}"
+
+
+def object_symbols(path: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of the data objects in an ELF file's symbol tables, sorted."""
+    out = set()
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
+                if section is None:
+                    continue
+                for sym in section.iter_symbols():
+                    if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_size"] and sym.name:
+                        out.add((sym["st_value"], sym["st_value"] + sym["st_size"], sym.name))
+    except (OSError, ELFError):
+        pass
+    return sorted(out)
+
+
+def region_of(pid: int, addr: int) -> str:
+    """`stack` for the main stack and thread stacks (an anonymous mapping right
+    above a guard page, as glibc allocates them), else `heap`."""
+    prev_end, prev_perms = -1, ""
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return "heap"
+    for line in lines:
+        parts = line.split(None, 5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= addr < hi:
+            name = parts[5] if len(parts) > 5 else ""
+            if name.startswith("[stack"):
+                return "stack"
+            if not name and prev_end == lo and prev_perms.startswith("---"):
+                return "stack"
+            return "heap"
+        prev_end, prev_perms = hi, parts[1]
+    return "heap"
 
 
 def stack_looks_truncated(frames: list[str]) -> bool:

@@ -37,7 +37,14 @@ from elftools.elf.elffile import ELFFile
 
 # The order of enum unw_kind and enum unw_reason in probes/unwind.h.
 ROW_KINDS = ("none", "rsp", "rbp", "end", "plt")
-STOP_REASONS = ("root", "no unwind info", "outside known code", "stack not readable", "depth limit", "table full")
+STOP_REASONS = (
+    "root",
+    "no unwind info",
+    "outside known code",
+    "stack not readable",
+    "depth limit",
+    "table full",
+)
 MARKERS = {
     "no unwind info": "[unknown]",
     "outside known code": "[unknown]",
@@ -81,7 +88,7 @@ def with_unwinder(source: Path) -> str:
 
 def _rule(cols: list[str], vals: list[str], plt: list[tuple[int, int]], pc: int) -> tuple[int, int, int]:
     """(kind, rbp_off, cfa_off) of one readelf row."""
-    row = dict(zip(cols, vals))
+    row = dict(zip(cols, vals, strict=False))
     cfa, ra, rbp = row.get("CFA", ""), row.get("ra", ""), row.get("rbp", "u")
     if ra == "u":
         return ROW_KINDS.index("end"), 0, 0
@@ -240,8 +247,10 @@ def _maps(pid: int) -> list[Mapping]:
 
 def _bias(elf: ELFFile, m: Mapping) -> int:
     for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_offset"] <= m.offset < seg["p_offset"] + max(1, seg["p_filesz"]):
-            return m.start - m.offset + seg["p_offset"] - seg["p_vaddr"]
+        if seg["p_type"] == "PT_LOAD" and seg["p_offset"] <= m.offset < seg["p_offset"] + max(
+            1, seg["p_filesz"]
+        ):
+            return m.start - m.offset + int(seg["p_offset"]) - int(seg["p_vaddr"])
     return m.start - m.offset
 
 
@@ -344,8 +353,13 @@ class Unwinder:
             try:
                 with open(tmp.name, "rb") as f:
                     elf = ELFFile(f)
-                    m.bias = _bias(elf, m) if m.offset else m.start - min(
-                        (s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"), default=0
+                    m.bias = (
+                        _bias(elf, m)
+                        if m.offset
+                        else m.start
+                        - min(
+                            (s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"), default=0
+                        )
                     )
                     m.symbols = _elf_symbols(elf)
                 t0 = time.monotonic()
@@ -408,7 +422,7 @@ class Unwinder:
         if page_keys:
             keys = (pages_map.Key * len(page_keys))(*page_keys)
             values = (pages_map.Leaf * len(page_keys))()
-            for v, (bias, start, count, flags) in zip(values, page_vals):
+            for v, (bias, start, count, flags) in zip(values, page_vals, strict=True):
                 v.bias, v.row_start, v.row_count, v.flags = bias, start, count, flags
             pages_map.items_update_batch(keys, values)
         ready = bpf[b"unw_ready"]
@@ -426,5 +440,8 @@ def read_stacks(table: Any) -> dict[int, tuple[list[int], str]]:
     out = {}
     for key, value in table.items():
         n = min(int(value.len), UNWIND_FRAMES)
-        out[int(key.value)] = ([int(value.ips[i]) for i in range(n)], STOP_REASONS[min(int(value.reason), len(STOP_REASONS) - 1)])
+        out[int(key.value)] = (
+            [int(value.ips[i]) for i in range(n)],
+            STOP_REASONS[min(int(value.reason), len(STOP_REASONS) - 1)],
+        )
     return out

@@ -83,6 +83,9 @@ class FutexWait:
     frames: list[str]
     waits: int
     ns: int
+    name: str = (
+        ""  # the data symbol that holds the futex word (`stats_lock+0x8`), or `heap 0x...`/`stack 0x...`
+    )
 
 
 @dataclass
@@ -160,6 +163,7 @@ class Finding:
     hotspot: str = ""  # id of the matching kvprof.analysis.hotspots entry, "" for a generic finding
     sites: list[str] = field(default_factory=list)  # call sites (functions), most costly first
     thread_names: dict[str, str] = field(default_factory=dict)  # tid -> name, for per_thread's keys
+    lock: str = ""  # a futex finding's lock: its data symbol (`stats_lock`) or `heap 0x...`
 
 
 @dataclass
