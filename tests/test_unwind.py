@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,8 +137,9 @@ def test_redis_stacks_rooted_and_agree_with_perf_dwarf(started: list) -> None:
         from kvprof.perf_backend import record as perf_record
 
         # perf samples the same seconds as kvprof, from its own cpu-clock events
-        with collecting(server.pid, hz=99) as (collectors, _), ThreadPoolExecutor(1) as pool:
-            reference = pool.submit(perf_record, server.pid, 6, 99, Topology.read())
+        # 499 Hz for 6 s: ~3000 samples each, so sampling noise stays far below 5 points
+        with collecting(server.pid, hz=499) as (collectors, _), ThreadPoolExecutor(1) as pool:
+            reference = pool.submit(perf_record, server.pid, 6, 499, Topology.read())
             time.sleep(6)
             profile = snapshot(server.pid, collectors)
             perf_stacks, _ = reference.result()
