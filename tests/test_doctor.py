@@ -77,8 +77,8 @@ def test_doctor_json_parses() -> None:
 
 
 def test_doctor_bad_pid_is_a_warning() -> None:
-    """-p with a PID that does not exist is reported on the frame-pointer line, no traceback."""
-    checks = doctor.check_frame_pointers(999_999_999)
+    """-p with a PID that does not exist is reported on the unwind-info line, no traceback."""
+    checks = doctor.check_unwind_info(999_999_999)
     assert checks[0].status == "warn" and "no process with PID 999999999" in checks[0].finding
 
 
