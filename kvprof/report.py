@@ -528,7 +528,16 @@ def render_text(profile: Profile, top: int = 15) -> str:
                 f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
                 f"{_fit(th.sockets or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
             )
-        out.append("  stk ok: share of the thread's stacks that look complete")
+        out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
+        stops: dict[str, int] = defaultdict(int)
+        for info in profile.threads.values():
+            for why, n in info.stack_stops.items():
+                stops[why] += n
+        if stops:
+            out.append(
+                "  stopped early: "
+                + ", ".join(f"{why} {n}" for why, n in sorted(stops.items(), key=lambda kv: -kv[1]))
+            )
     else:
         out.append("no thread data")
 
