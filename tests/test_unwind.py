@@ -265,3 +265,20 @@ def test_hundreds_of_mappings_degrade_to_a_warning(tmp_path: Path, started: list
         unwind.UNWIND_PAGES = pages
     assert any("do not fit" in w for w in profile.status.warnings), profile.status.warnings
     assert not bare_addresses(profile)
+
+
+def test_jit_region_frames_are_marked(tmp_path: Path, started: list) -> None:
+    """Code in an anonymous executable mapping (a JIT's): its frames are [unknown],
+    the stacks say they stopped outside known code, nothing raises."""
+    proc = start(started, str(build(tmp_path, "jit")), "60")
+    with collecting(proc.pid, hz=199) as (collectors, _):
+        time.sleep(2)
+        profile = snapshot(proc.pid, collectors)
+    assert not bare_addresses(profile)
+    jit = [s for s in profile.oncpu if s.frames[-1:] == ["[unknown]"]]
+    assert sum(s.count for s in jit) >= 0.5 * sum(s.count for s in profile.oncpu), profile.oncpu[:5]
+    assert all(s.frames[0] == "[unknown]" for s in jit)
+    stops = Counter()
+    for info in profile.threads.values():
+        stops.update(info.stack_stops)
+    assert stops["outside known code"] > 0, stops
