@@ -282,3 +282,16 @@ def test_jit_region_frames_are_marked(tmp_path: Path, started: list) -> None:
     for info in profile.threads.values():
         stops.update(info.stack_stops)
     assert stops["outside known code"] > 0, stops
+
+
+def test_vdso_frames_are_symbolized(tmp_path: Path, started: list) -> None:
+    """Samples in the vdso name its function (read from the target's memory) and
+    still reach main through it."""
+    proc = start(started, str(build(tmp_path, "vdso_loop")), "60")
+    with collecting(proc.pid, hz=199) as (collectors, _):
+        time.sleep(2)
+        profile = snapshot(proc.pid, collectors)
+    vdso = [s for s in profile.oncpu if "__vdso_clock_gettime" in s.frames]
+    assert sum(s.count for s in vdso) >= 0.5 * sum(s.count for s in profile.oncpu), profile.oncpu[:3]
+    assert all(s.frames[0] == "_start" and "main" in s.frames for s in vdso), vdso[:3]
+    assert not any(f.startswith("[vdso]+0x7") for s in profile.oncpu for f in s.frames)

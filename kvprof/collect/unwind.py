@@ -263,7 +263,11 @@ def _elf_symbols(elf: ELFFile) -> list[tuple[int, int, str]]:
         for s in section.iter_symbols():
             if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s.name:
                 syms.append((s["st_value"], s["st_value"] + max(1, s["st_size"]), s.name))
-    return sorted(set(syms))
+    best: dict[int, tuple[int, int, str]] = {}
+    for sym in sorted(syms):  # one name per address: the vdso's own (`__vdso_clock_gettime`) over its alias
+        if sym[0] not in best or sym[2].startswith("__vdso_"):
+            best[sym[0]] = sym
+    return sorted(best.values())
 
 
 class Unwinder:
