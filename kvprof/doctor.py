@@ -408,51 +408,65 @@ def _libc_of(pid: int | None) -> Path | None:
     return None
 
 
-def check_frame_pointers(pid: int | None) -> list[Check]:
-    checks: list[Check] = []
+def _modules(pid: int | None) -> list[tuple[str, Path]]:
+    """(label, file) of the target's executable modules: mapped ones with -p, else kvcached and libc."""
+    if pid is None:
+        found = [("kvcached", KVCACHED)] if KVCACHED.is_file() else []
+        libc = _libc_of(None)
+        return found + ([(libc.name, libc)] if libc is not None else [])
+    out: dict[str, tuple[str, Path]] = {}
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(None, 5)
+        if len(parts) > 5 and "x" in parts[1] and parts[5].startswith("/") and parts[5] not in out:
+            lo, hi = parts[0].split("-")
+            out[parts[5]] = (Path(parts[5]).name, Path(f"/proc/{pid}/map_files/{lo}-{hi}"))
+    return list(out.values())
+
+
+def check_unwind_info(pid: int | None) -> list[Check]:
+    """Per module of the target: whether kvprof's BPF stack walker has unwind
+    tables for it (.eh_frame / .debug_frame), else whether frame pointers cover it."""
+    from kvprof.collect.unwind import build_rows  # readelf and pyelftools, no BCC
+
     if pid is not None:
         try:
-            process = open_process(pid)
-        except ProbesError as e:
-            return [Check("frame pointers", WARN, f"{e}", "kvprof doctor -p PID   (a process you may trace)")]
-        exe, label = process.image, f"{Path(process.exe).name} (PID {pid})"
-    elif KVCACHED.is_file():
-        exe, label = KVCACHED, "kvcached"
+            open_process(pid)
+            modules = _modules(pid)
+        except (ProbesError, OSError) as e:
+            why = str(e) if isinstance(e, ProbesError) else f"cannot read PID {pid}'s mappings ({e})"
+            return [Check("unwind info", WARN, why, "kvprof doctor -p PID   (a process you may trace)")]
     else:
-        exe, label = None, ""
-    if exe is None:
-        checks.append(Check("frame pointers", INFO, "no target: give -p PID (kvcached is not built yet)"))
-    else:
-        fp = frame_pointers(exe)
+        modules = _modules(None)
+    if not modules:
+        return [Check("unwind info", INFO, "no target: give -p PID (kvcached is not built yet)")]
+    checks: list[Check] = []
+    for label, path in modules:
+        try:
+            rows = len(build_rows(str(path)))
+        except Exception as e:  # not an ELF file, unreadable: say so, no traceback
+            checks.append(Check("unwind info", WARN, f"{label}: cannot read it ({e.__class__.__name__})"))
+            continue
+        if rows:
+            checks.append(
+                Check("unwind info", OK, f"{label}: present ({rows:,} rows from .eh_frame/.debug_frame)")
+            )
+            continue
+        fp = frame_pointers(path)
         if fp.verdict == "yes":
-            checks.append(Check("frame pointers", OK, f"{label}: present ({fp.evidence})"))
-        elif fp.verdict == "unknown":
-            checks.append(Check("frame pointers", INFO, f"{label}: cannot tell ({fp.evidence})"))
+            checks.append(
+                Check(
+                    "unwind info", OK, f"{label}: no .eh_frame, frame pointers walked instead ({fp.evidence})"
+                )
+            )
         else:
             checks.append(
                 Check(
-                    "frame pointers",
+                    "unwind info",
                     WARN,
-                    f"{label}: {'missing' if fp.verdict == 'no' else 'only in part'} ({fp.evidence}): "
-                    "user stacks will be cut short",
-                    "rebuild it with CFLAGS += -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer, "
-                    "or: kvprof record --backend perf -p PID (DWARF unwinding)",
-                )
-            )
-    libc = _libc_of(pid)
-    if libc is not None:
-        fp = frame_pointers(libc)
-        if fp.verdict == "yes":
-            checks.append(Check("frame pointers", OK, f"{libc}: present ({fp.evidence})"))
-        elif fp.verdict != "unknown":
-            checks.append(
-                Check(
-                    "frame pointers",
-                    WARN,
-                    f"{libc}: none ({fp.evidence}), as Debian builds glibc: user stacks taken inside "
-                    "libc stop there (e.g. at __lll_lock_wait); kvcached fires its lock probes from "
-                    "its own code, so those call sites are kept",
-                    "kvprof record --backend perf -p PID   (DWARF unwinding through libc)",
+                    f"{label}: neither .eh_frame/.debug_frame nor frame pointers ({fp.evidence}): "
+                    "stacks through it stop there, marked [unknown]",
+                    "rebuild it with unwind tables (gcc's default) or -fno-omit-frame-pointer; "
+                    "kvprof record --backend perf -p PID is the fallback",
                 )
             )
     return checks
@@ -476,7 +490,7 @@ def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = Tru
     if bcc:
         checks.append(check_bcc())
     checks.append(check_pmu())
-    checks.extend(check_frame_pointers(pid))
+    checks.extend(check_unwind_info(pid))
     return checks
 
 

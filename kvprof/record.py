@@ -138,6 +138,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
             stack_storage=opts.stack_storage,
             max_entries=opts.max_entries,
             offcpu_sample=opts.offcpu_sample,
+            progress=None if opts.quiet else lambda line: _progress(f"  {line}", final=True),
         )
         session = Session(opts.pid, spy.bpf_collectors if spy else opts.collectors or ALL_COLLECTORS, collect)
     except TargetGone as e:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvprof.analysis.findings import call_site, find, rank_key, summary
+from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, rank_key, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, normalize
 from kvprof.model.profile import Finding, Profile
 
@@ -50,7 +50,7 @@ class LockRow:
     waits: int
     waits_per_s: float
     wait_ms_per_s: float
-    max_ms: float
+    max_ms: float | None  # None for a futex: its waits are summed in the kernel, not kept one by one
     threads: int
     call_site: str
 
@@ -154,6 +154,21 @@ def lock_rows(profile: Profile) -> list[LockRow]:
                 max_ms=max(lk.max_ns for lk in locks) / 1e6,
                 threads=len(tids),
                 call_site=max(sites.items(), key=lambda kv: kv[1])[0] if sites else "",
+            )
+        )
+    for fws in futex_groups(profile).values():  # any program's mutexes, named by their symbol
+        fsites: dict[str, int] = defaultdict(int)
+        for w in fws:
+            fsites[call_site(w.frames)] += w.ns
+        rows.append(
+            LockRow(
+                name=futex_label(fws),
+                waits=sum(w.waits for w in fws),
+                waits_per_s=sum(w.waits for w in fws) / dur,
+                wait_ms_per_s=sum(w.ns for w in fws) / 1e6 / dur,
+                max_ms=None,
+                threads=len({w.tid for w in fws}),
+                call_site=max(fsites.items(), key=lambda kv: kv[1])[0] if fsites else "",
             )
         )
     rows.sort(key=lambda r: (-r.wait_ms_per_s, r.name))
@@ -470,10 +485,11 @@ def render_text(profile: Profile, top: int = 15) -> str:
         for lr in locks:
             out.append(
                 f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
-                f"{_n(lr.max_ms):>9}{lr.threads:>5}  " + _fit(lr.call_site, WIDTH - 51)
+                f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  "
+                + _fit(lr.call_site, WIDTH - 51)
             )
     else:
-        out.append("no contended lock" if profile.target.kvs_probes else "no lock data (no kvs probes)")
+        out.append("no contended lock")
 
     lrows = line_rows(profile)
     rate = sample_rate(profile, "atomic__sample")
@@ -512,7 +528,16 @@ def render_text(profile: Profile, top: int = 15) -> str:
                 f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
                 f"{_fit(th.sockets or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
             )
-        out.append("  stk ok: share of the thread's stacks that look complete")
+        out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
+        stops: dict[str, int] = defaultdict(int)
+        for info in profile.threads.values():
+            for why, n in info.stack_stops.items():
+                stops[why] += n
+        if stops:
+            out.append(
+                "  stopped early: "
+                + ", ".join(f"{why} {n}" for why, n in sorted(stops.items(), key=lambda kv: -kv[1]))
+            )
     else:
         out.append("no thread data")
 

@@ -5,6 +5,7 @@
 //   -DSTACK_STORAGE=<n>       stack ids per stack map
 //   -DMAX_ENTRIES=<n>         entries per aggregation map
 //   -DSTACK_SAMPLE=<n>        take the stacks of 1 in n switch-outs (random)
+//   -DUNWIND_*                the bounds of unwind.h (user stacks walked from unwind tables)
 //
 // Walking two stacks at every switch-out of a thread that blocks per batch
 // (epoll_wait) was the single largest cost of an attached kvprof: ~3 µs per
@@ -13,8 +14,10 @@
 // 1 in STACK_SAMPLE of them only, and `offcpu` holds the sampled periods'
 // ns: the loader scales them by STACK_SAMPLE (an unbiased estimate).
 //
-// Only tracepoint format fields, plain raw-tracepoint arguments and helpers
-// are used: no kernel struct is ever dereferenced (the headers may not match the running kernel).
+// Only tracepoint format fields, plain raw-tracepoint arguments, the user
+// pt_regs (bpf_task_pt_regs: the task is in the kernel here, so its user
+// registers are the ones saved at its entry) and helpers are used: no other
+// kernel struct is ever dereferenced (the headers may not match the running kernel).
 //
 // sched_switch is taken as a raw tracepoint and runs in the task switching
 // out, so only the current task is ever looked at: a thread's off-CPU period
@@ -39,6 +42,8 @@
 #define STACK_SAMPLE 1
 #endif
 
+#include "unwind.h"
+
 #define KV_EEXIST 17
 #define KV_ENOMEM 12
 #define KV_EAGAIN 11
@@ -54,7 +59,7 @@
 // Index order is the loader's HEALTH tuple.
 enum health {
     H_SWITCHES,          // target threads switched out
-    H_STACK_ERR,         // get_stackid -EEXIST or -ENOMEM
+    H_STACK_ERR,         // get_stackid -EEXIST or -ENOMEM, or a user stack that did not fit in `ustacks`
     H_MAP_FULL,          // a key did not fit in an aggregation map
     H_START_FULL,        // a thread's record did not fit
     H_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted)
@@ -68,7 +73,7 @@ enum health {
 struct thread_t {
     u64 ts;        // when it last left the CPU; 0 before its first switch-out
     u64 total_ns;  // off-CPU time of every period accounted so far
-    s32 user_stack;
+    u64 user_stack;  // key in `ustacks`, 0: none
     s32 kernel_stack;
     u16 preempted;
     u16 sampled;  // stacks were taken for the period that began at ts
@@ -76,20 +81,21 @@ struct thread_t {
 
 struct off_key_t {
     u32 tid;
-    s32 user_stack;
     s32 kernel_stack;
+    u64 user_stack;
 };
 
 struct futex_start_t {
     u64 ts;
     u64 uaddr;
-    s32 user_stack;
+    u64 user_stack;
 };
 
 struct futex_key_t {
     u64 uaddr;
+    u64 user_stack;
     u32 tid;
-    s32 user_stack;
+    u32 pad;
 };
 
 struct futex_val_t {
@@ -111,6 +117,19 @@ static __always_inline void add_health(int what, u64 n)
     u64 *v = health.lookup(&idx);
     if (v)
         *v += n;
+}
+
+// The current task's user stack (it is in the kernel: its user registers are
+// the ones saved at entry), as a key in `ustacks`; 0 when there is none.
+static __always_inline u64 user_stack(void)
+{
+    struct unw_regs regs = {};
+    if (unw_user_regs(0, &regs))
+        return 0;
+    u64 key = unw_stack(&regs);
+    if (!key)
+        add_health(H_STACK_ERR, 1);
+    return key;
 }
 
 static __always_inline int stack_id(void *ctx, u64 flags)
@@ -163,7 +182,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     *last = now;
 
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if ((id >> 32) != TARGET_TGID || !unw_tables_ready())
         return 0;
     u32 tid = (u32)id;
     add_health(H_SWITCHES, 1);
@@ -181,7 +200,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     t->preempted = ctx->args[0] != 0;
     t->sampled = STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % STACK_SAMPLE == 0;
     if (t->sampled) {
-        t->user_stack = stack_id(ctx, BPF_F_USER_STACK);
+        t->user_stack = user_stack();
         t->kernel_stack = stack_id(ctx, 0);
     }
     return 0;
@@ -190,7 +209,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 TRACEPOINT_PROBE(syscalls, sys_enter_futex)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if ((id >> 32) != TARGET_TGID || !unw_tables_ready())
         return 0;
     int cmd = args->op & FUTEX_CMD_MASK;
     if (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET && cmd != FUTEX_LOCK_PI &&
@@ -200,7 +219,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_futex)
     struct futex_start_t s = {};
     s.ts = bpf_ktime_get_ns();
     s.uaddr = (u64)args->uaddr;
-    s.user_stack = stack_id(args, BPF_F_USER_STACK);
+    s.user_stack = user_stack();
     if (futex_start.update(&tid, &s))
         add_health(H_START_FULL, 1);
     return 0;

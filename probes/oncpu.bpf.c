@@ -6,10 +6,11 @@
 //   -DTARGET_TGID=<pid>       the process to keep; every other sample is dropped here
 //   -DSTACK_STORAGE=<n>       stack ids per stack map
 //   -DMAX_ENTRIES=<n>         entries of the count map
+//   -I probes                 for unwind.h (user stacks unwound from unwind tables)
 //
-// Only perf-event context and helpers are used: no kernel struct is ever
-// dereferenced, because the headers BCC compiles against may not match the
-// running kernel.
+// Only perf-event context, the user pt_regs and helpers are used: no kernel
+// struct is ever dereferenced, because the headers BCC compiles against may
+// not match the running kernel.
 
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
@@ -24,6 +25,8 @@
 #define MAX_ENTRIES 10240
 #endif
 
+#include "unwind.h"
+
 #define KV_EEXIST 17
 #define KV_ENOMEM 12
 
@@ -31,7 +34,7 @@
 // loader's HEALTH tuple.
 enum health {
     H_SAMPLES,           // samples of the target
-    H_USER_STACK_ERR,    // get_stackid -EEXIST (hash collision) or -ENOMEM (storage full)
+    H_USER_STACK_ERR,    // the user stack did not fit in `ustacks`
     H_KERNEL_STACK_ERR,
     H_MAP_FULL,          // a new (tid, cpu, stacks) key did not fit in `counts`
     H_COMM_FULL,         // a thread name did not fit in `comms`
@@ -41,8 +44,8 @@ enum health {
 struct key_t {
     u32 tid;
     u32 cpu;
-    s32 user_stack;    // < 0: no user stack (the error code)
     s32 kernel_stack;  // < 0: no kernel stack (-EFAULT when sampled in user mode)
+    u64 user_stack;    // key in `ustacks`; 0: no user stack
 };
 
 struct comm_t {
@@ -72,16 +75,18 @@ static __always_inline int stack_failed(int id)
 int on_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if ((id >> 32) != TARGET_TGID || !unw_tables_ready())
         return 0;
 
     struct key_t key = {};
     key.tid = (u32)id;
     key.cpu = bpf_get_smp_processor_id();
-    key.user_stack = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    struct unw_regs regs = {};
+    if (unw_user_regs(&ctx->regs, &regs) == 0)
+        key.user_stack = unw_stack(&regs);
     key.kernel_stack = stacks.get_stackid(ctx, 0);
     count(H_SAMPLES);
-    if (stack_failed(key.user_stack))
+    if (!key.user_stack)
         count(H_USER_STACK_ERR);
     if (stack_failed(key.kernel_stack))
         count(H_KERNEL_STACK_ERR);

@@ -93,6 +93,7 @@ PKGS=(
     build-essential pkg-config binutils
     systemtap-sdt-dev python3-pyparsing # the systemtap dtrace warns without pyparsing
     python3-bpfcc bpfcc-tools
+    python3-pyelftools # unwind tables (kvprof/collect/unwind.py) and data symbols of futex words
     python3-venv python3-dev
     libmemcached-tools memcached redis-server
     tmux

@@ -44,7 +44,7 @@ def test_doctor_on_this_machine() -> None:
     status = re.compile(r"(ok|info|warn|FAIL) +([^:]+):")
     lines = {m.group(2): line for line in out.splitlines() if (m := status.match(line))}
     expected = {"kernel", "privileges", "BPF syscall", "tracefs", "kprobes", "uprobes", "BTF"}
-    expected |= {"kernel headers", "BCC", "hardware PMU", "frame pointers"}
+    expected |= {"kernel headers", "BCC", "hardware PMU", "unwind info"}
     assert expected <= set(lines), out
     assert lines["kernel"].startswith("ok") and os.uname().release in lines["kernel"]
     assert lines["BPF syscall"].startswith("ok") and lines["BCC"].startswith("ok"), out
@@ -60,7 +60,7 @@ def test_doctor_on_this_machine() -> None:
     if not doctor.pmu_available()[0]:
         assert lines["hardware PMU"].startswith("info"), out
         assert "cpu-clock" in flat and "perf c2c cannot run" in flat, out
-    assert "ok frame pointers: kvcached: present" in flat, out
+    assert "ok unwind info: kvcached: present" in flat and "ok unwind info: libc.so.6: present" in flat, out
     assert "ready to profile" in out
 
 
@@ -72,13 +72,13 @@ def test_doctor_json_parses() -> None:
     data = json.loads(done.stdout)
     assert data["exit_status"] == 0 and data["fatal"] == []
     names = [c["name"] for c in data["checks"]]
-    assert {"kernel headers", "tracefs", "frame pointers"} <= set(names)
+    assert {"kernel headers", "tracefs", "unwind info"} <= set(names)
     assert all(c["status"] in ("ok", "info", "warn", "FAIL") for c in data["checks"])
 
 
 def test_doctor_bad_pid_is_a_warning() -> None:
-    """-p with a PID that does not exist is reported on the frame-pointer line, no traceback."""
-    checks = doctor.check_frame_pointers(999_999_999)
+    """-p with a PID that does not exist is reported on the unwind-info line, no traceback."""
+    checks = doctor.check_unwind_info(999_999_999)
     assert checks[0].status == "warn" and "no process with PID 999999999" in checks[0].finding
 
 

@@ -30,7 +30,7 @@ from kvprof.analysis.hotspots import (
     match_site,
     normalize,
 )
-from kvprof.model.profile import Finding, Profile
+from kvprof.model.profile import Finding, FutexWait, Profile
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -128,6 +128,22 @@ def is_wrapper(frame: str) -> bool:
         return True
     n = normalize(frame)
     return n in LOCK_WRAPPERS or bool(_INTERNAL.match(frame)) or bool(_INTERNAL.match(n))
+
+
+def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
+    """Futex waits by futex word, without the kvs-probed locks: those (glibc's
+    mutex word sits at their start) are lock findings with better numbers."""
+    lock_addrs = [lk.address for lk in p.locks if lk.address]
+    out: dict[int, list[FutexWait]] = defaultdict(list)
+    for fw in p.offcpu.futex:
+        if not any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
+            out[fw.uaddr].append(fw)
+    return out
+
+
+def futex_label(waits: list[FutexWait]) -> str:
+    """What to call the futex of these waits: its data symbol or region, else its address."""
+    return next((w.name for w in waits if w.name), f"futex {waits[0].uaddr:#x}" if waits else "futex")
 
 
 def call_site(frames: list[str]) -> str:
@@ -546,16 +562,7 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
 def _offcpu_findings(c: _Ctx) -> list[Finding]:
     t = c.t
     out: list[Finding] = []
-    lock_addrs = [lk.address for lk in c.p.locks if lk.address]
-    futex_groups: dict[int, list[int]] = defaultdict(list)
-    for i, fw in enumerate(c.p.offcpu.futex):
-        # a futex that is a kvs-probed lock (glibc's mutex word sits at its start) is
-        # already a lock finding with better numbers
-        if any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
-            continue
-        futex_groups[fw.uaddr].append(i)
-    for uaddr, idx in futex_groups.items():
-        waits = [c.p.offcpu.futex[i] for i in idx]
+    for uaddr, waits in futex_groups(c.p).items():
         nwaits = sum(w.waits for w in waits)
         ns = sum(w.ns for w in waits)
         wait_s_per_s = ns / 1e9 / c.dur
@@ -573,14 +580,16 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         share = wait_s_per_s / max(len(per_thread), 1)
         site_names = [s for s, _ in sorted(sites.items(), key=lambda kv: -kv[1])]
         hot = next((h for s in site_names if (h := match_function(s))), None)
-        where = f"futex {uaddr:#x}"
+        lock = futex_label(waits)
         out.append(
             Finding(
                 id=f"futex:{uaddr:#x}",
-                title=f"contended futex {uaddr:#x}" + (f" in {site_names[0]}" if site_names else ""),
+                title=f"{lock} contended" + (f" in {site_names[0]}" if site_names else ""),
                 category="offcpu",
                 severity=_sev(share, t.futex_critical_share, t.futex_warning_share),
-                where=where,
+                # the caller of pthread_mutex_lock & co. (the first frame outside libc), as a kvs lock's
+                where=site_names[0] if site_names else lock,
+                lock=lock,
                 cost={
                     "waits": float(nwaits),
                     "waits_per_s": nwaits / c.dur,
@@ -752,8 +761,9 @@ def summary(f: Finding) -> str:
             s += f" ({_n(k['cpu_s_per_s'] * 1e3)} ms of CPU per second)"
         return s + "."
     if f.id.startswith("futex:"):
+        on = f"{f.lock} in {f.where}" if f.lock and f.lock != f.where else f.where
         return (
-            f"Threads waited on {f.where} {_n(k.get('waits_per_s', 0))} times a second, "
+            f"Threads waited on {on} {_n(k.get('waits_per_s', 0))} times a second, "
             f"{_n(k.get('wait_ms_per_s', 0))} ms per second "
             f"({k.get('wait_share', 0):.1%} of the waiting threads' time)."
         )

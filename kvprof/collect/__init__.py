@@ -20,6 +20,7 @@ The session (session.py) drives a set of collectors against one PID.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,3 +51,4 @@ class CollectOptions:
     stack_storage: int = 16384  # stack ids per stack map (raise if stack_errors show up)
     max_entries: int = 10240  # entries per aggregation map (raise if map_full shows up)
     offcpu_sample: int = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
+    progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)

@@ -19,9 +19,9 @@ estimate): walking two stacks cost 5-12 µs here (the kernel stack 2.5x the
 user stack), at every switch-out 10 % of a core under load.
 `status.sample_rates.offcpu_stacks` in the profile records the factor.
 
-User stacks taken inside a libc built without frame pointers stop at the
-libc frame (e.g. `__lll_lock_wait`); the futex word's address still tells
-the locks apart.
+User stacks are walked in BPF from the modules' unwind tables
+(probes/unwind.h, kvprof/collect/unwind.py), so a wait inside a libc built
+without frame pointers still reaches the caller of `pthread_mutex_lock`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 
 from bcc import BPF
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
 from kvprof.collect.oncpu import load_error, percpu_counters, warn
-from kvprof.collect.symbols import Symbolizer, ThreadNames
+from kvprof.collect.symbols import DataNames, Symbolizer, ThreadNames
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
 SOURCE = PROBES_DIR / "offcpu.bpf.c"
@@ -63,7 +63,9 @@ class OffCpuCollector:
         self.pid = pid
         self.opts = opts
         self._bpf: Any = None
-        self._symbols = Symbolizer(pid)
+        self._unwinder = unwind.Unwinder(pid)
+        self._symbols = Symbolizer(pid, self._unwinder)
+        self._data = DataNames(pid, self._unwinder)
         self._names = ThreadNames(pid)
         self._last = _Snapshot()
 
@@ -84,6 +86,7 @@ class OffCpuCollector:
             f"-DSTACK_STORAGE={self.opts.stack_storage}",
             f"-DMAX_ENTRIES={self.opts.max_entries}",
             f"-DSTACK_SAMPLE={self.opts.offcpu_sample}",
+            *unwind.cflags(self.opts.stack_storage),
         ]
 
     def start(self) -> None:
@@ -95,25 +98,35 @@ class OffCpuCollector:
         self._names.refresh()
         self._symbols.warm()
         try:
-            # BCC attaches every TRACEPOINT_PROBE of the program while loading it.
-            self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
+            self._unwinder.prepare()
+            if self._unwinder.built and self.opts.progress is not None:
+                self.opts.progress(self._unwinder.built_line())
+        except OSError as e:
+            raise CollectError(f"offcpu: cannot read the target's mappings ({e.strerror})") from None
+        try:
+            # BCC attaches every TRACEPOINT_PROBE of the program while loading it;
+            # until the tables are in, stacks stop at their first frame ("outside known code").
+            self._bpf = BPF(text=unwind.with_unwinder(SOURCE).encode(), cflags=self.cflags())
+            self._unwinder.load(self._bpf)
         except Exception as e:
+            self.close()
             raise CollectError(f"offcpu: {load_error(SOURCE, e)}") from None
 
     def _read(self) -> _Snapshot:
         self._names.refresh()
         bpf = self._bpf
         stacks = bpf[b"stacks"]
+        ustacks = unwind.read_stacks(bpf[b"ustacks"])
         scale = max(1, self.opts.offcpu_sample)
         off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         for key, value in bpf[b"offcpu"].items():
-            user = self._symbols.stack(stacks, key.user_stack)
+            user = self._user(ustacks, int(key.user_stack))
             kernel = self._symbols.stack(stacks, key.kernel_stack, kernel=True)
             off[(int(key.tid), tuple(user + kernel))] += int(value.value) * scale
         per_thread = {int(k.value): int(v.total_ns) for k, v in bpf[b"threads"].items() if v.total_ns}
         futex: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
         for key, value in bpf[b"futex"].items():
-            frames = tuple(self._symbols.stack(stacks, key.user_stack))
+            frames = tuple(self._user(ustacks, int(key.user_stack)))
             slot = futex.setdefault((int(key.tid), int(key.uaddr), frames), [0, 0])
             slot[0] += int(value.waits)
             slot[1] += int(value.ns)
@@ -124,7 +137,9 @@ class OffCpuCollector:
                 for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
             ],
             futex=[
-                FutexWait(tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns)
+                FutexWait(
+                    tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns, name=self._data.name(uaddr)
+                )
                 for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
             ],
             offcpu_ns=dict(per_thread),
@@ -132,12 +147,19 @@ class OffCpuCollector:
             health=percpu_counters(bpf[b"health"], HEALTH),
         )
 
+    def _user(self, ustacks: dict[int, tuple[list[int], str]], key: int) -> list[str]:
+        ips, reason = ustacks.get(key, ([], "root"))
+        return self._symbols.unwound(ips, reason) if ips else []
+
     def contribute(self, profile: Profile) -> None:
         if self._bpf is not None:
+            self._unwinder.refresh(self._bpf)  # what was mapped since (the uprobe trampoline, dlopen)
             self._last = self._read()
         snap = self._last
         profile.offcpu.stacks = [OffCpuStack(s.tid, list(s.frames), s.ns) for s in snap.stacks]
-        profile.offcpu.futex = [FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns) for f in snap.futex]
+        profile.offcpu.futex = [
+            FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns, f.name) for f in snap.futex
+        ]
         for tid, name in snap.names.items():
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.offcpu_ns = snap.offcpu_ns.get(tid, 0)

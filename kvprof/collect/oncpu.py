@@ -19,8 +19,8 @@ from typing import Any
 
 from bcc import BPF, PerfSWConfig, PerfType
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
-from kvprof.collect.symbols import Symbolizer, ThreadNames, stack_looks_truncated
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
+from kvprof.collect.symbols import Symbolizer, ThreadNames
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
 
 SOURCE = PROBES_DIR / "oncpu.bpf.c"
@@ -59,7 +59,8 @@ class OnCpuCollector:
         self.pid = pid
         self.opts = opts
         self._bpf: Any = None
-        self._symbols = Symbolizer(pid)
+        self._unwinder = unwind.Unwinder(pid)
+        self._symbols = Symbolizer(pid, self._unwinder)
         self._names = ThreadNames(pid)
         self._last = _Snapshot()
 
@@ -73,6 +74,7 @@ class OnCpuCollector:
             f"-DTARGET_TGID={self.pid}",
             f"-DSTACK_STORAGE={self.opts.stack_storage}",
             f"-DMAX_ENTRIES={self.opts.max_entries}",
+            *unwind.cflags(self.opts.stack_storage),
         ]
 
     def start(self) -> None:
@@ -84,10 +86,17 @@ class OnCpuCollector:
         self._names.refresh()
         self._symbols.warm()
         try:
-            self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
+            self._unwinder.prepare()
+            if self._unwinder.built and self.opts.progress is not None:
+                self.opts.progress(self._unwinder.built_line())
+        except OSError as e:
+            raise CollectError(f"oncpu: cannot read the target's mappings ({e.strerror})") from None
+        try:
+            self._bpf = BPF(text=unwind.with_unwinder(SOURCE).encode(), cflags=self.cflags())
         except Exception as e:
             raise CollectError(f"oncpu: {load_error(SOURCE, e)}") from None
         try:
+            self._unwinder.load(self._bpf)
             # cpu=-1: BCC opens one event per online CPU, each counting every task.
             self._bpf.attach_perf_event(
                 ev_type=PerfType.SOFTWARE,
@@ -109,17 +118,19 @@ class OnCpuCollector:
         self._names.refresh()
         bpf = self._bpf
         stacks = bpf[b"stacks"]
+        ustacks = unwind.read_stacks(bpf[b"ustacks"])
         comms = {
             int(k.value): bytes(v.name).split(b"\0", 1)[0].decode(errors="replace")
             for k, v in bpf[b"comms"].items()
         }
         by_stack: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         threads: dict[int, ThreadInfo] = {}
-        truncated: dict[int, int] = defaultdict(int)
+        stops: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for key, value in bpf[b"counts"].items():
             n = int(value.value)
             tid = int(key.tid)
-            user = self._symbols.stack(stacks, key.user_stack)
+            ips, reason = ustacks.get(int(key.user_stack), ([], "stack not readable"))
+            user = self._symbols.unwound(ips, reason) if ips else []
             kernel = self._symbols.stack(stacks, key.kernel_stack, kernel=True)
             # Root first: the user stack, then the kernel frames at the leaf end.
             by_stack[(tid, tuple(user + kernel))] += n
@@ -127,11 +138,13 @@ class OnCpuCollector:
             info.cpu_samples += n
             socket = str(self.opts.topology.socket_of(int(key.cpu)))
             info.sockets[socket] = info.sockets.get(socket, 0) + n
-            if stack_looks_truncated(user):
-                truncated[tid] += n
+            if ips and reason != "root":
+                stops[tid][reason] += n
         for tid, info in threads.items():
             info.sockets = dict(sorted(info.sockets.items()))
-            info.stack_quality = truncated[tid] / info.cpu_samples if info.cpu_samples else None
+            info.stack_stops = dict(sorted(stops[tid].items()))
+            early = sum(info.stack_stops.values())
+            info.stack_quality = early / info.cpu_samples if info.cpu_samples else None
         return _Snapshot(
             stacks=[
                 CpuStack(tid=tid, frames=list(frames), count=n)
@@ -143,6 +156,7 @@ class OnCpuCollector:
 
     def contribute(self, profile: Profile) -> None:
         if self._bpf is not None:
+            self._unwinder.refresh(self._bpf)  # what was mapped since (the uprobe trampoline, dlopen)
             self._last = self._read()
         snap = self._last
         profile.oncpu = [CpuStack(s.tid, list(s.frames), s.count) for s in snap.stacks]
@@ -152,13 +166,23 @@ class OnCpuCollector:
             slot.cpu_samples = info.cpu_samples
             slot.sockets = dict(info.sockets)
             slot.stack_quality = info.stack_quality
+            slot.stack_stops = dict(info.stack_stops)
         health = snap.health
         counters = profile.status.counters
         counters["oncpu.samples"] = health["samples"]
         counters["oncpu.stack_errors"] = health["user_stack_errors"] + health["kernel_stack_errors"]
         counters["oncpu.map_full"] = health["map_full"]
+        stops: dict[str, int] = defaultdict(int)
+        for info in snap.threads.values():
+            for why, n in info.stack_stops.items():
+                stops[why] += n
+        for why, n in stops.items():
+            counters[f"oncpu.stack_stop.{why.replace(' ', '_')}"] = n
+        for w in self._unwinder.warnings:
+            if w not in profile.status.warnings:
+                profile.status.warnings.append(w)
         if counters["oncpu.stack_errors"]:
-            warn(profile, "oncpu: stack ids lost", counters["oncpu.stack_errors"], "raise --stack-storage")
+            warn(profile, "oncpu: stacks lost", counters["oncpu.stack_errors"], "raise --stack-storage")
         if counters["oncpu.map_full"]:
             warn(
                 profile, "oncpu: samples dropped, map full", counters["oncpu.map_full"], "raise --max-entries"

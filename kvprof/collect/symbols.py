@@ -9,11 +9,16 @@ what was resolved once the target is gone.
 
 from __future__ import annotations
 
+import bisect
 import os
 from pathlib import Path
 from typing import Any
 
 from bcc import BPF
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from kvprof.collect.unwind import MARKERS, Unwinder
 
 # The machinery that runs a BPF program, from the tracepoint, perf event or
 # uprobe that fires it up to the program and the helpers it calls.
@@ -37,8 +42,9 @@ def without_tracing(frames: list[str]) -> list[str]:
 
 
 class Symbolizer:
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, unwinder: Unwinder | None = None) -> None:
         self.pid = pid
+        self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
 
@@ -54,18 +60,42 @@ class Symbolizer:
     def user(self, addr: int) -> str:
         frame = self._user.get(addr)
         if frame is None:
-            try:
-                name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
-            except Exception:  # the process is gone and was never resolved
-                name, offset, module = None, addr, None
-            if name:
-                frame = name.decode(errors="replace")
-            elif module:
-                frame = f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
-            else:
-                frame = f"0x{addr:x}"
+            frame = self._resolve(addr)
             self._user[addr] = frame
         return frame
+
+    def _resolve(self, addr: int) -> str:
+        """`function`, `module+0xoffset` (module-relative), or [unknown]: never a bare address."""
+        m = self.unwinder.mapping(addr) if self.unwinder else None
+        if m is not None and m.symbols:  # the vdso, read from the target's memory
+            pc = addr - m.bias
+            i = bisect.bisect_right(m.symbols, (pc, 1 << 64, "")) - 1
+            if i >= 0 and m.symbols[i][0] <= pc < m.symbols[i][1]:
+                return m.symbols[i][2]
+            return f"{m.name}+0x{pc:x}"
+        if m is not None and m.path == "[uprobes]":
+            return "[uprobes]"  # the kernel's trampoline that runs an optimized uprobe
+        if m is not None and not m.path.startswith("/"):
+            return "[unknown]"  # anonymous memory: JIT code
+        try:
+            name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
+        except Exception:  # the process is gone and was never resolved
+            name, offset, module = None, addr, None
+        if name:
+            return str(name.decode(errors="replace"))
+        if m is not None:
+            return f"{m.name}+0x{addr - m.bias:x}"
+        if module:
+            return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
+        return "[unknown]"
+
+    def unwound(self, ips: list[int], reason: str) -> list[str]:
+        """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
+        a walk that stopped before the root starts with its marker."""
+        frames = [self.user(a) for a in reversed(ips)]
+        if reason != "root":
+            frames.insert(0, MARKERS[reason])
+        return frames
 
     def kernel(self, addr: int) -> str:
         frame = self._kernel.get(addr)
@@ -88,12 +118,90 @@ class Symbolizer:
         return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 
+class DataNames:
+    """Names of data addresses of one process (futex words): the object symbol
+    that contains it (`.symtab`, `.dynsym`: `stats_lock`, `server+0x8`), else
+    `heap 0x...` / `stack 0x...` by the mapping it lies in."""
+
+    def __init__(self, pid: int, unwinder: Unwinder) -> None:
+        self.pid = pid
+        self.unwinder = unwinder  # its mappings give each module's load bias
+        self._objects: dict[str, list[tuple[int, int, str]]] = {}
+        self._names: dict[int, str] = {}
+
+    def _symbols(self, path: str, source: str) -> list[tuple[int, int, str]]:
+        if path not in self._objects:
+            self._objects[path] = object_symbols(source)
+        return self._objects[path]
+
+    def name(self, addr: int) -> str:
+        found = self._names.get(addr)
+        if found is None:
+            found = self._resolve(addr)
+            self._names[addr] = found
+        return found
+
+    def _resolve(self, addr: int) -> str:
+        seen = set()
+        for m in self.unwinder.mappings:
+            if not m.path.startswith("/") or m.path in seen or m.why:
+                continue
+            seen.add(m.path)
+            syms = self._symbols(m.path, f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}")
+            rel = addr - m.bias
+            i = bisect.bisect_right(syms, (rel, 1 << 64, "")) - 1
+            if i >= 0 and syms[i][0] <= rel < syms[i][1]:
+                off = rel - syms[i][0]
+                return syms[i][2] + (f"+0x{off:x}" if off else "")
+        return f"{region_of(self.pid, addr)} 0x{addr:x}"
+
+
+def object_symbols(path: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of the data objects in an ELF file's symbol tables, sorted."""
+    out = set()
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
+                if section is None:
+                    continue
+                for sym in section.iter_symbols():
+                    if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_size"] and sym.name:
+                        out.add((sym["st_value"], sym["st_value"] + sym["st_size"], sym.name))
+    except (OSError, ELFError):
+        pass
+    return sorted(out)
+
+
+def region_of(pid: int, addr: int) -> str:
+    """`stack` for the main stack and thread stacks (an anonymous mapping right
+    above a guard page, as glibc allocates them), else `heap`."""
+    prev_end, prev_perms = -1, ""
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return "heap"
+    for line in lines:
+        parts = line.split(None, 5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= addr < hi:
+            name = parts[5] if len(parts) > 5 else ""
+            if name.startswith("[stack"):
+                return "stack"
+            if not name and prev_end == lo and prev_perms.startswith("---"):
+                return "stack"
+            return "heap"
+        prev_end, prev_perms = hi, parts[1]
+    return "heap"
+
+
 def stack_looks_truncated(frames: list[str]) -> bool:
     """A user stack that is 1-2 frames deep or whose root frame is unknown:
-    the usual sign of code built without frame pointers."""
+    the usual sign of code built without frame pointers (stacks that
+    probes/unwind.h walked say why they stopped instead)."""
     if not frames:
         return True
-    return len(frames) <= 2 or frames[0].startswith("0x") or "+0x" in frames[0]
+    return len(frames) <= 2 or frames[0].startswith(("0x", "[unknown]", "[truncated]")) or "+0x" in frames[0]
 
 
 class ThreadNames:

@@ -7,8 +7,8 @@ import textwrap
 
 EXAMPLES = """\
 examples:
-  kvprof doctor              # this machine, and server/build/kvcached's frame pointers
-  kvprof doctor -p 1234      # ... and the frame pointers of PID 1234 and its libc
+  kvprof doctor              # this machine, and the unwind information of server/build/kvcached and libc
+  kvprof doctor -p 1234      # ... and of every module PID 1234 maps
   kvprof doctor --json       # the same checks as one JSON object
 
 Each line is `ok|info|warn|FAIL  check: finding`; a problem is followed by the
@@ -22,12 +22,14 @@ WIDTH = 80
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
         "doctor",
-        help="check kernel, BPF, headers, tracefs, PMU, frame pointers; say what to do",
+        help="check kernel, BPF, headers, tracefs, PMU, unwind information; say what to do",
         description="Check whether this machine can profile, and print the command that fixes each problem.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-p", "--pid", type=int, metavar="PID", help="check this process's frame pointers")
+    p.add_argument(
+        "-p", "--pid", type=int, metavar="PID", help="check the unwind information of this process's modules"
+    )
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(run=run)
 

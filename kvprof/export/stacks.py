@@ -108,7 +108,7 @@ def stacks(profile: Profile, kind: str, value: str | None = None) -> list[Stack]
             continue
         v = fw.ns if unit == "ns" else fw.waits
         if v > 0:
-            out.append(Stack(_clean([*fw.frames, f"[futex {fw.uaddr:#x}]"]), v, fw.tid))
+            out.append(Stack(_clean([*fw.frames, f"[futex {fw.name or hex(fw.uaddr)}]"]), v, fw.tid))
     return out
 
 

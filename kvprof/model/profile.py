@@ -57,6 +57,7 @@ class ThreadInfo:
     cpu_samples: int = 0
     sockets: dict[str, int] = field(default_factory=dict)  # socket -> samples
     stack_quality: float | None = None  # share of stacks that look truncated (0 = all good)
+    stack_stops: dict[str, int] = field(default_factory=dict)  # why on-CPU stacks stopped early -> samples
     offcpu_ns: int = 0
     lock_wait_ns: int = 0
 
@@ -82,6 +83,9 @@ class FutexWait:
     frames: list[str]
     waits: int
     ns: int
+    name: str = (
+        ""  # the data symbol that holds the futex word (`stats_lock+0x8`), or `heap 0x...`/`stack 0x...`
+    )
 
 
 @dataclass
@@ -159,6 +163,7 @@ class Finding:
     hotspot: str = ""  # id of the matching kvprof.analysis.hotspots entry, "" for a generic finding
     sites: list[str] = field(default_factory=list)  # call sites (functions), most costly first
     thread_names: dict[str, str] = field(default_factory=dict)  # tid -> name, for per_thread's keys
+    lock: str = ""  # a futex finding's lock: its data symbol (`stats_lock`) or `heap 0x...`
 
 
 @dataclass

@@ -21,7 +21,7 @@ import copy
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from kvprof.analysis.findings import call_site, find, summary
+from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
 from kvprof.model.delta import _hist_quantile, delta
 from kvprof.model.profile import Finding, Profile, Window
@@ -315,8 +315,9 @@ def cost_line(f: Finding) -> str:
             f"{pct(k.get('self_share', 0))} itself"
         )
     if f.id.startswith("futex:"):
+        on = f"{f.lock} in {f.where}" if f.lock and f.lock != f.where else f.where
         return (
-            f"{f.where} — {pct(k.get('wait_share', 0))} of the waiting threads' time, "
+            f"{on} — {pct(k.get('wait_share', 0))} of the waiting threads' time, "
             f"{num(k.get('waits_per_s', 0))} waits/s"
         )
     return f"{f.where} — threads blocked {num(k.get('offcpu_ms_per_s', 0))} ms/s"
@@ -476,6 +477,28 @@ def lock_rows(frame: Frame) -> list[LockRow]:
         under = [
             LockRow(name, site, _rate(w, p), _rate(ns / 1e6, p), None, "")
             for site, (w, ns) in sorted(sites.items(), key=lambda kv: -kv[1][1])
+        ]
+        groups.append((head, under))
+    for fws in futex_groups(p).values():  # any program's mutexes, named by their data symbol
+        name = futex_label(fws)
+        by_tid: dict[str, float] = defaultdict(float)
+        fsite_ns: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for w in fws:
+            by_tid[str(w.tid)] += w.ns
+            acc = fsite_ns[call_site(w.frames)]
+            acc[0] += w.waits
+            acc[1] += w.ns
+        head = LockRow(
+            lock=name,
+            site="",
+            waits_per_s=_rate(sum(w.waits for w in fws), p),
+            wait_ms_per_s=_rate(sum(w.ns for w in fws) / 1e6, p),
+            p99_ms=None,
+            split=_split(by_tid, names),
+        )
+        under = [
+            LockRow(name, site, _rate(w, p), _rate(ns / 1e6, p), None, "")
+            for site, (w, ns) in sorted(fsite_ns.items(), key=lambda kv: -kv[1][1])
         ]
         groups.append((head, under))
     groups.sort(key=lambda g: (-g[0].wait_ms_per_s, g[0].lock))
