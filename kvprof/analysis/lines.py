@@ -212,3 +212,30 @@ def kvs_line_ranking(profile: Profile) -> list[int]:
     for c in profile.cachelines:
         transfers[c.line] += c.transfers
     return sorted(transfers, key=lambda ln: (-transfers[ln], ln))
+
+
+def kind(sl: SampledLine) -> str:
+    """`false sharing`, `shared` (two or more writers of one address), or `one thread`."""
+    if sl.false_sharing:
+        return "false sharing"
+    return "shared" if sl.contended else "one thread" if sl.writers == 1 else "few samples"
+
+
+def line_row(sl: SampledLine) -> dict[str, object]:
+    """One line as plain values, for the report's JSON, the exporter and the TUI."""
+    return {
+        "line": f"0x{sl.line:x}",
+        "symbol": sl.symbol,
+        "symbols": [a.symbol for a in sl.addresses],
+        "functions": sorted(sl.functions, key=lambda f: -sl.functions[f]),
+        "instructions": dict(sl.instructions),
+        "samples": sl.samples,
+        "share": sl.share,
+        "writers": sl.writers,
+        "threads": dict(sl.threads),
+        "cpus": dict(sl.cpus),
+        "sockets": dict(sl.sockets),
+        "contended": sl.contended,
+        "false_sharing": sl.false_sharing,
+        "kind": kind(sl),
+    }

@@ -155,11 +155,11 @@ def read_maps(pid: int) -> list[Mapping]:
 @dataclass
 class _ElfSymbols:
     """FUNC and OBJECT symbols of one ELF file, by link-time address, and the
-    file offset -> address rule of its PT_LOAD segments."""
+    link-time address ranges of its PT_LOAD segments."""
 
     funcs: list[tuple[int, int, str]] = field(default_factory=list)  # (address, size, name) sorted
     objects: list[tuple[int, int, str]] = field(default_factory=list)
-    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, vaddr, filesz)
+    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, vaddr, memsz)
 
     @classmethod
     def read(cls, path: str) -> _ElfSymbols:
@@ -172,9 +172,7 @@ class _ElfSymbols:
                 elf = ELFFile(f)
                 for seg in elf.iter_segments():
                     if seg["p_type"] == "PT_LOAD":
-                        syms.loads.append(
-                            (seg["p_offset"], seg["p_vaddr"], max(seg["p_filesz"], seg["p_memsz"]))
-                        )
+                        syms.loads.append((seg["p_offset"], seg["p_vaddr"], seg["p_memsz"]))
                 seen: set[tuple[int, str]] = set()
                 for name in (".symtab", ".dynsym"):
                     section = elf.get_section_by_name(name)
@@ -199,14 +197,6 @@ class _ElfSymbols:
         syms.funcs.sort()
         syms.objects.sort()
         return syms
-
-    def vaddr(self, mapping: Mapping, addr: int) -> int | None:
-        """Link-time address of `addr` in this file, mapped at `mapping`."""
-        offset = addr - mapping.start + mapping.offset
-        for off, vaddr, size in self.loads:
-            if off <= offset < off + size:
-                return vaddr + offset - off
-        return None
 
     @staticmethod
     def find(table: list[tuple[int, int, str]], vaddr: int) -> tuple[int, int, str] | None:
@@ -249,13 +239,15 @@ class Process:
         return None
 
     def read(self, addr: int, size: int) -> bytes:
+        if not 0 <= addr < 1 << 63:  # no user address: pread takes a signed offset
+            return b""
         try:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY)
         except OSError:
             return b""
         try:
             return os.pread(fd, size, addr)
-        except OSError:
+        except (OSError, OverflowError, ValueError):
             return b""
         finally:
             os.close(fd)
@@ -271,12 +263,27 @@ class Process:
         return syms
 
     def _file(self, addr: int) -> tuple[Mapping, _ElfSymbols, int] | None:
+        """The mapped ELF file whose loaded image holds `addr` (its .bss too, an
+        anonymous mapping after the file's own), and addr's link-time address."""
         m = self.mapping(addr)
-        if m is None or not m.path.startswith("/"):
+        if m is not None and not m.path.startswith("/") and m.path not in ("", "[heap]"):
             return None
-        syms = self._symbols(m)
-        vaddr = syms.vaddr(m, addr)
-        return None if vaddr is None else (m, syms, vaddr)
+        i = self.maps.index(m) if m is not None else bisect_right([x.start for x in self.maps], addr)
+        owner = m if m is not None and m.path.startswith("/") else None
+        if owner is None:  # the nearest file mapped below
+            owner = next((x for x in reversed(self.maps[:i]) if x.path.startswith("/")), None)
+        if owner is None:
+            return None
+        first = next((x for x in self.maps if x.path == owner.path and x.offset == 0), None)
+        syms = self._symbols(owner)
+        if first is None or not syms.loads:
+            return None
+        # the load bias: where the segment at file offset 0 was mapped, less its link address
+        bias = first.start - min(syms.loads, key=lambda seg: seg[0])[1]
+        vaddr = addr - bias
+        if any(va <= vaddr < va + size for _, va, size in syms.loads):
+            return owner, syms, vaddr
+        return None
 
     def function(self, ip: int) -> tuple[str, int, int] | None:
         """(name, start address in the process, size) of the function holding `ip`."""
@@ -286,6 +293,16 @@ class Process:
         _, syms, vaddr = found
         sym = syms.find(syms.funcs, vaddr)
         return None if sym is None else (sym[2], ip - (vaddr - sym[0]), sym[1])
+
+    def function_name(self, ip: int) -> str:
+        """The function holding `ip`, `module+0xoffset` without a symbol, else `0x...`."""
+        func = self.function(ip)
+        if func is not None:
+            return func[0]
+        found = self._file(ip)
+        if found is not None:
+            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{found[2]:x}"
+        return f"0x{ip:x}"
 
     def data_symbol(self, addr: int) -> str:
         """`name`, `name+0x8`, or `heap 0x...`/`stack 0x...`/`anon 0x...`."""
@@ -297,7 +314,7 @@ class Process:
             if sym is not None:
                 off = vaddr - sym[0]
                 return sym[2] if off == 0 else f"{sym[2]}+0x{off:x}"
-            return f"{os.path.basename(found[0].path)}+0x{vaddr:x}"
+            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{vaddr:x}"
         kind = "heap" if m is None or m.path in ("", "[heap]") else m.path.strip("[]").split(":")[0]
         return f"{kind} 0x{addr:x}"
 

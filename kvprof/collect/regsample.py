@@ -156,12 +156,11 @@ class RegsampleCollector:
             addr = a.effective_address(r.regs)
             st.rows[(r.tid, r.cpu, a.address, addr)] += 1
             if (a.address, addr) not in st.meta:
-                func = proc.function(a.address)
                 symbol = self._symbols.get(addr)
                 if symbol is None:
                     symbol = self._symbols[addr] = proc.data_symbol(addr)
                 st.meta[(a.address, addr)] = (
-                    func[0] if func else f"0x{a.address:x}",
+                    proc.function_name(a.address),
                     a.text,
                     symbol,
                     a.width,

@@ -1,0 +1,205 @@
+"""Contended atomics and false sharing from sampled user registers (the
+`regsample` collector, kvprof.collect.decode, kvprof.analysis.lines): no PMU
+and no probes in the target.
+
+The decode tests run on this very process (its own memory holds the
+instructions); the others record real programs with real BPF: a C program
+with three threads on one line of a named struct, and kvcached under kvload,
+compared with its kvs `atomic__sample` probes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_record import load, record
+
+from kvprof.analysis.lines import line_table
+from kvprof.collect.decode import CLOBBERED, REGS, SEGMENT, UNREADABLE, Process
+from kvprof.model.profile import Profile
+from kvprof.report import render_text
+from kvprof.target import Server
+
+SOURCE = Path(__file__).parent / "programs" / "false_share.c"
+SITES = ("on_create_item", "collect_timings", "account_memory")
+
+
+def _code(raw: bytes) -> tuple[ctypes.Array[ctypes.c_char], int]:
+    """`raw` in a buffer of this process, and the address just after it (the sampled IP)."""
+    buf = ctypes.create_string_buffer(b"\x90" * 16 + raw + b"\x90" * 16)
+    return buf, ctypes.addressof(buf) + 16 + len(raw)
+
+
+def test_decode_finds_the_atomic_before_the_ip_and_its_address() -> None:
+    """The instruction ending at the IP is taken (skid), and its address comes from the registers."""
+    buf, ip = _code(bytes.fromhex("f048834cf71001"))  # lock or qword ptr [rdi + rsi*8 + 0x10], 1
+    d = Process(os.getpid()).decode(ip)
+    assert d.atomic is not None, d
+    assert d.atomic.text.startswith("lock or") and d.atomic.skid
+    regs = [0] * len(REGS)
+    regs[REGS.index("rdi")], regs[REGS.index("rsi")] = 0x1000, 3
+    assert d.atomic.effective_address(regs) == 0x1000 + 3 * 8 + 0x10
+    # an ordinary instruction before the IP is no atomic, and no failure either
+    buf2, ip2 = _code(bytes.fromhex("4801f8"))  # add rax, rdi
+    assert Process(os.getpid()).decode(ip2).atomic is None
+    assert Process(os.getpid()).decode(ip2).reason == ""
+    del buf, buf2
+
+
+def test_decode_marks_what_it_cannot_attribute() -> None:
+    """%fs:-relative, self-clobbering and unreadable IPs are marked with a reason, never raised."""
+    proc = Process(os.getpid())
+    buf, ip = _code(bytes.fromhex("f064488304252800000001"))  # lock add qword ptr fs:[0x28], 1
+    assert proc.decode(ip).reason == SEGMENT
+    buf2, ip2 = _code(bytes.fromhex("f0480fc100"))  # lock xadd qword ptr [rax], rax
+    assert proc.decode(ip2).reason == CLOBBERED
+    assert proc.decode(8).reason == UNREADABLE
+    assert proc.decode(0xFFFF_FFFF_FFFF_F000).reason == UNREADABLE
+    del buf, buf2
+
+
+@pytest.fixture(scope="module")
+def false_share_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler (build-essential)")
+    out = tmp_path_factory.mktemp("programs") / "false_share"
+    subprocess.run(["cc", "-O2", "-g", "-pthread", "-o", str(out), str(SOURCE)], check=True)
+    return out
+
+
+@pytest.fixture
+def false_share(false_share_binary: Path) -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(binary: Path = false_share_binary) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([str(binary), "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _check_false_sharing(p: Profile) -> None:
+    assert not p.target.kvs_probes
+    lines = [sl for sl in line_table(p) if sl.symbol.startswith("shared_line")]
+    assert lines, [(sl.symbol, sl.samples) for sl in line_table(p)]
+    sl = lines[0]
+    assert sl.false_sharing and sl.writers >= 2, (sl.threads, [(a.symbol, a.threads) for a in sl.addresses])
+    assert {a.symbol for a in sl.addresses} == {"shared_line", "shared_line+0x8"}
+    assert sl.functions.keys() == {"adder"}
+    f = next(f for f in p.findings if f.id == f"sampled-line:0x{sl.line:x}")
+    assert f.title.startswith("false sharing: `shared_line` and `shared_line+0x8`")
+    assert "64-byte" in f.advice
+
+
+@pytest.mark.bpf
+def test_false_sharing_in_a_plain_program(
+    false_share: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """Three threads on two counters of one struct's line: a false-sharing line with >= 2 writers."""
+    proc = false_share()
+    out = tmp_path / "fs.json"
+    r = record(proc.pid, out, "-d", "3", "--hz", "199", "--collectors", "regsample")
+    assert r.returncode == 0, r.stderr
+    p = Profile.load(out)
+    _check_false_sharing(p)
+    text = render_text(p)
+    assert "shared_line" in text and "could not attribute" in text
+
+
+@pytest.mark.bpf
+def test_binary_replaced_on_disk(
+    false_share: Callable[..., subprocess.Popen[bytes]], false_share_binary: Path, tmp_path: Path
+) -> None:
+    """Code is read from memory, symbols from the mapped file: replacing the file changes nothing."""
+    copy = tmp_path / "false_share"
+    shutil.copy(false_share_binary, copy)
+    proc = false_share(copy)
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(os.urandom(20000))
+    os.replace(garbage, copy)
+    out = tmp_path / "fs.json"
+    r = record(proc.pid, out, "-d", "3", "--hz", "199", "--collectors", "regsample")
+    assert r.returncode == 0, r.stderr
+    _check_false_sharing(Profile.load(out))
+
+
+def _run_kvcached(server: Server, out: Path, collectors: str, seconds: int = 8) -> Profile:
+    r = record(server.pid, out, "-d", str(seconds), "--hz", "1999", "--collectors", collectors)
+    assert r.returncode == 0, r.stderr
+    return Profile.load(out)
+
+
+@pytest.mark.bpf
+def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Baseline, kvs collectors off: counter lines named by function and symbol, ranked as kvs ranks them."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    with load(server, 60, "--batch-size=32") as kv:
+        time.sleep(0.5)
+        p = _run_kvcached(server, tmp_path / "sampled.json", "oncpu,offcpu,regsample", seconds=12)
+        kvs = _run_kvcached(
+            server, tmp_path / "kvs.json", "cachelines", seconds=4
+        )  # the same load, next window
+        kv.send_signal(signal.SIGTERM)
+    assert "cachelines" not in p.collectors and "regsample" in p.collectors
+    lines = line_table(p)
+    by_func = {}  # function -> its most sampled line
+    for sl in reversed(lines):
+        by_func.update(dict.fromkeys(sl.functions, sl))
+    for site in SITES:
+        assert site in by_func and by_func[site].contended, (
+            site,
+            [(sl.symbol, sl.functions) for sl in lines],
+        )
+    assert by_func["on_create_item"].symbol == "shared_items"
+    assert by_func["account_memory"].symbol == "shared_memory"
+    assert by_func["collect_timings"].symbol.startswith("heap 0x")
+
+    # ranking: every pair of lines the kvs probes tell clearly apart (3x the
+    # transfers) is in the same order by sampled stalls
+    transfers: dict[int, int] = {}
+    for c in kvs.cachelines:
+        transfers[c.line] = transfers.get(c.line, 0) + c.transfers
+    sampled = {sl.line: sl.samples for sl in lines}
+    pairs = [(a, b) for a in transfers for b in transfers if transfers[a] >= 3 * max(transfers[b], 1)]
+    assert pairs, transfers
+    wrong = [(hex(a), hex(b)) for a, b in pairs if sampled.get(a, 0) < sampled.get(b, 0)]
+    assert not wrong, (
+        wrong,
+        {hex(k): v for k, v in transfers.items()},
+        {hex(k): v for k, v in sampled.items()},
+    )
+    top_kvs = max(transfers, key=lambda ln: transfers[ln])
+    assert top_kvs in [sl.line for sl in lines[:3]]
+
+
+@pytest.mark.bpf
+def test_kvcached_fixed_has_no_contended_counter(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Fixed preset: none of the counter sites shows up as a contended line."""
+    server = kvcached_factory("-t", "2", "--preset", "fixed")
+    with load(server, 60) as kv:
+        time.sleep(0.5)
+        p = _run_kvcached(server, tmp_path / "fixed.json", "oncpu,regsample")
+        kv.send_signal(signal.SIGTERM)
+    assert p.addresses.user_samples > 100
+    contended = [
+        sl for sl in line_table(p) if sl.contended and set(sl.functions) & {*SITES, "on_delete_item"}
+    ]
+    assert not contended, [(sl.symbol, sl.functions, sl.threads) for sl in contended]
