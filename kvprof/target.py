@@ -197,3 +197,34 @@ def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) 
             _, name, *value = line.split(" ", 2)
             result[name] = value[0] if value else ""
     return result
+
+
+def redis_info(host: str, port: int, section: str = "", timeout: float = 5.0) -> dict[str, str]:
+    """Redis `INFO [section]` (inline command, RESP bulk reply), as a dict of name -> value;
+    TargetError when the port does not answer as Redis does."""
+    command = f"INFO {section}\r\n" if section else "INFO\r\n"
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            data += chunk
+        head, _, body = data.partition(b"\r\n")
+        if not head.startswith(b"$") or not head[1:].isdigit():
+            raise TargetError(
+                f"{host}:{port} is no Redis server (answered {head[:40].decode(errors='replace')!r})"
+            )
+        size = int(head[1:])
+        while len(body) < size:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            body += chunk
+    result: dict[str, str] = {}
+    for line in body[:size].decode(errors="replace").split("\r\n"):
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            result[name] = value
+    return result

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kvprof.analysis.findings import call_site, find, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
+from kvprof.listening import ops_total
 from kvprof.model.delta import _hist_quantile, delta
 from kvprof.model.profile import Finding, Profile, Window
 from kvprof.report import sample_rate, socket_matrix
@@ -66,10 +67,7 @@ def since(new: Profile, old: Profile | None) -> Profile:
 
 
 def _ops(stats: dict[str, str]) -> int | None:
-    try:
-        return int(stats["cmd_get"]) + int(stats["cmd_set"])
-    except (KeyError, ValueError):
-        return None
+    return ops_total(stats)
 
 
 class Timeline:
@@ -159,6 +157,13 @@ class Frame:
     findings: list[Finding]
     status: StatusInfo
     kvs_probes: bool = False
+    server: str = ""  # "memcached", "redis", "none" (answered neither), "" (not asked yet)
+
+
+def _server(tl: Timeline) -> str:
+    if tl.last_stats is not None:
+        return "redis" if tl.last_stats.get("protocol") == "redis" else "memcached"
+    return "none" if tl.latest is not None and tl.latest.profile is not None else ""
 
 
 def _drops(profile: Profile) -> int:
@@ -219,6 +224,7 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
         elapsed_s=latest.at if latest is not None else 0.0,
         uptime_s=uptime,
         ops_per_s=tl.ops_per_s,
+        server=_server(tl),
         ops_history=list(tl.ops),
         interval=interval,
         recent=recent,

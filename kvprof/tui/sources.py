@@ -216,13 +216,13 @@ class LiveSource:
     # ---- reading ---------------------------------------------------------------------
 
     def _stats(self) -> dict[str, str] | None:
-        from kvprof.listening import listening_ports
-        from kvprof.target import TargetError, stats
+        from kvprof.listening import general_stats, listening_ports
+        from kvprof.target import TargetError
 
         ports = [self._stats_port] if self._stats_port else listening_ports(self.pid)
         for host, port in ports:
             try:
-                values = stats(host, port, timeout=0.5)
+                values = general_stats(host, port, timeout=0.5)
             except (TargetError, OSError):
                 continue
             self._stats_port = (host, port)

@@ -132,6 +132,10 @@ class OverviewPanel(Panel):
         ops = "-" if frame.ops_per_s is None else f"{frame.ops_per_s:,.0f}"
         info.append("ops/s ")
         info.append(ops, "bold cyan")
+        if frame.server == "none":
+            info.append(" (its ports answer neither memcached stats nor Redis INFO)", "dim")
+        elif frame.server == "redis":
+            info.append(" (Redis INFO)", "dim")
         info.append(f"  up {up}  profiled {frame.elapsed_s:.0f} s")
         self.query_one("#ov-info", Static).update(info)
 
