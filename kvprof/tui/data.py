@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kvprof.analysis.findings import call_site, find, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
+from kvprof.analysis.lines import kind, line_table
 from kvprof.listening import ops_total
 from kvprof.model.delta import _hist_quantile, delta
 from kvprof.model.profile import Finding, Profile, Window
@@ -177,6 +178,11 @@ def _unavailable(states: dict[str, str], kvs: bool, seen: bool) -> dict[str, str
         label = VIEW_NAMES[view]
         if state == "ok":
             continue
+        if view == "lines" and states.get("regsample") == "ok":
+            # the lines from sampled registers stand in for the kvs probes on any target
+            if name in KVS_COLLECTORS and not kvs:
+                out[view] = "no kvs probes: lines from sampled registers only"
+            continue
         if state is None and seen:
             out[view] = f"{name} not collected: {label} view unavailable"
         elif state is None or state == "attaching":
@@ -304,6 +310,12 @@ def cost_line(f: Finding) -> str:
         return (
             f"{site} — {f.where} mutex: {pct(k.get('wait_share', 0))} of {who} wall time waiting, "
             f"{num(k.get('waits_per_s', 0))} waits/s"
+        )
+    if f.id.startswith("sampled-line:"):
+        what = "false sharing" if k.get("false_sharing") else "shared atomic"
+        return (
+            f"{site} — {what}: ~{pct(k.get('share', 0))} of {int(k.get('writers', 0))} threads' CPU "
+            f"stalled on it ({int(k.get('samples', 0))} samples)"
         )
     if f.category == "cacheline":
         if k.get("writers", 2.0) == 1.0:
@@ -574,6 +586,37 @@ def line_threads(frame: Frame, site: str) -> list[ThreadBar]:
         if n > 0
     ]
     return sorted(rows, key=lambda r: (-r.updates_per_s, r.tid))
+
+
+@dataclass(frozen=True)
+class SampledRow:
+    key: str  # the line's address, "0x..."
+    symbol: str
+    samples: int
+    share: float  # of the writing threads' CPU samples
+    writers: int
+    kind: str
+    functions: str
+
+
+def sampled_rows(frame: Frame) -> list[SampledRow]:
+    """Cache lines from sampled registers (kvprof.analysis.lines), over the whole window:
+    a few samples a second land on atomics, so the recent window is too thin."""
+    p = frame.total
+    if p is None:
+        return []
+    return [
+        SampledRow(
+            f"0x{sl.line:x}",
+            sl.symbol,
+            sl.samples,
+            sl.share,
+            sl.writers,
+            kind(sl),
+            ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f])),
+        )
+        for sl in line_table(p)
+    ]
 
 
 def transfer_matrix(frame: Frame) -> list[list[float]]:

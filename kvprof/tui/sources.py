@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 # kvs targets: the lock and cache-line collectors name the study's spots; then the slow
 # on-CPU program (5-10 s to compile here), whose compile a quit does not wait for (see
 # LiveSource.close), so a quit while the first findings are on screen is quick
-KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests")
-GENERIC_ORDER = ("offcpu", "oncpu", "locks", "cachelines", "requests")
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
 USDT_COLLECTORS = ("locks", "cachelines", "requests")  # their USDT contexts raise the target's semaphores
 
 
