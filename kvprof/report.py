@@ -379,6 +379,10 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("transfers_per_s", "transfers/s", 1.0),
         ("cycles_mean", "cycles", 1.0),
     ],
+    "sampled-line": [
+        ("samples", "samples", 1.0),
+        ("share", "% its CPU", 100.0),
+    ],
     "cpu": [
         ("samples", "samples", 1.0),
         ("share_of_thread", "% thread", 100.0),
@@ -401,7 +405,13 @@ def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
     if f.severity == "info":
         # info findings are context, not problems: what and how much only
         return lines
-    kind = "futex" if f.id.startswith("futex:") else f.category
+    kind = (
+        "futex"
+        if f.id.startswith("futex:")
+        else "sampled-line"
+        if f.id.startswith("sampled-line:")
+        else f.category
+    )
     cols = THREAD_COLUMNS.get(kind, [])
     if f.per_thread and cols:
         name_w = WIDTH - 5 - 13 * len(cols)

@@ -203,3 +203,48 @@ def test_kvcached_fixed_has_no_contended_counter(
         sl for sl in line_table(p) if sl.contended and set(sl.functions) & {*SITES, "on_delete_item"}
     ]
     assert not contended, [(sl.symbol, sl.functions, sl.threads) for sl in contended]
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "false-share.json"  # record of false_share.c, 199 Hz
+
+
+def test_recorded_false_sharing_in_every_view() -> None:
+    """The recorded false-sharing program: the report, its JSON, top's Cache lines rows and the exporter."""
+    from test_exporter import exposition
+
+    from kvprof.analysis.findings import find
+    from kvprof.exporter import Labeler, profile_metrics
+    from kvprof.model.delta import delta
+    from kvprof.model.topology import Topology
+    from kvprof.report import to_json
+    from kvprof.tui import data
+    from kvprof.tui.data import Sample, Timeline, build_frame
+
+    p = Profile.load(FIXTURE)
+    p.findings = find(p)  # as this kvprof finds them
+    _check_false_sharing(p)
+    text = render_text(p)
+    assert "false sharing" in text and "shared_line" in text
+    assert all(len(line) <= 80 for line in text.splitlines()), [
+        ln for ln in text.splitlines() if len(ln) > 80
+    ]
+    rows = to_json(p)["tables"]["sampled_lines"]
+    assert rows[0]["symbol"] == "shared_line" and rows[0]["false_sharing"] and rows[0]["writers"] == 3
+
+    tl = Timeline()
+    tl.add(Sample(2.0, p))
+    frame = build_frame(tl, "false_share PID 1", "false_share", "replay")
+    top = data.sampled_rows(frame)[0]
+    assert (top.symbol, top.kind, top.writers) == ("shared_line", "false sharing", 3)
+    assert any(r.cost.startswith("adder — false sharing: ") for r in data.finding_rows(frame))
+    assert "lines" not in frame.status.unavailable or "sampled registers" in frame.status.unavailable["lines"]
+
+    samples = exposition(profile_metrics(p, Labeler(p.target.pid, Topology.from_dict(p.host.topology))))
+    series = samples["kvprof_sampled_line_samples_total"]
+    assert {s.labels["symbol"] for s in series} == {"shared_line"}
+    assert sum(s.value for s in series) == sum(a.count for a in p.addresses.samples)
+    assert [s.value for s in samples["kvprof_sampled_line_false_sharing"]] == [1.0]
+
+    # a window's delta subtracts what an earlier snapshot had
+    d = delta(p, p)
+    assert d.addresses.samples == [] and d.addresses.user_samples == 0

@@ -40,7 +40,7 @@ class LineAddress:
 @dataclass
 class SampledLine:
     line: int  # address of the 64-byte line
-    symbol: str  # data symbol of its most sampled address ("shared_items", "heap 0x...")
+    symbol: str  # data symbol of its lowest sampled address ("shared_items", "heap 0x...")
     samples: int = 0
     addresses: list[LineAddress] = field(default_factory=list)  # most sampled first
     functions: dict[str, int] = field(default_factory=dict)  # function -> samples
@@ -110,7 +110,7 @@ def line_table(profile: Profile) -> list[SampledLine]:
     totals = profile.addresses.thread_samples
     for sl in lines.values():
         sl.addresses.sort(key=lambda a: (-a.samples, a.address))
-        sl.symbol = sl.addresses[0].symbol
+        sl.symbol = min(sl.addresses, key=lambda a: a.address).symbol
         sl.thread_share = {t: n / totals[t] for t, n in sl.threads.items() if totals.get(t)}
         all_of_writers = sum(totals.get(t, 0) for t in sl.threads)
         sl.share = sl.samples / all_of_writers if all_of_writers else 0.0
