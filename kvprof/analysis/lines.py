@@ -133,7 +133,7 @@ def _names(tids: list[str], profile: Profile) -> str:
 
 
 def _plain(symbol: str) -> str:
-    return symbol.split("+", 1)[0] if not symbol.startswith(("heap ", "anon ", "stack ")) else symbol
+    return symbol.split("+", 1)[0] if not symbol.startswith(("heap ", "stack ")) else symbol
 
 
 def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = frozenset()) -> list[Finding]:

@@ -17,7 +17,7 @@ address is made of, so the sampled value is not the one it used).
 
 Data symbols: an address in a file mapping is named from the file's
 `.symtab`/`.dynsym` OBJECT symbols (`shared_items`, `stats+0x8`); anything
-else is `heap 0x...`, `stack 0x...` or `anon 0x...` by mapping.
+else is `heap 0x...` (anonymous memory and [heap]) or `stack 0x...`.
 
 No bcc here: tests drive it on any process.
 """
@@ -305,7 +305,7 @@ class Process:
         return f"0x{ip:x}"
 
     def data_symbol(self, addr: int) -> str:
-        """`name`, `name+0x8`, or `heap 0x...`/`stack 0x...`/`anon 0x...`."""
+        """`name`, `name+0x8`, or `heap 0x...`/`stack 0x...`."""
         m = self.mapping(addr)
         found = self._file(addr)
         if found is not None:
