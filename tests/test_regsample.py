@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -248,3 +249,27 @@ def test_recorded_false_sharing_in_every_view() -> None:
     # a window's delta subtracts what an earlier snapshot had
     d = delta(p, p)
     assert d.addresses.samples == [] and d.addresses.user_samples == 0
+
+
+@pytest.mark.bpf
+def test_missing_capstone_is_one_line(
+    false_share: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """Without capstone, regsample does not attach and says what to install; no traceback."""
+    proc = false_share()
+    hide = "import sys; sys.modules['capstone'] = None; from kvprof.cli import main; sys.exit(main())"
+    args = [
+        "record",
+        "-p",
+        str(proc.pid),
+        "-d",
+        "1",
+        "-o",
+        str(tmp_path / "x.json"),
+        "--collectors",
+        "regsample",
+    ]
+    r = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    error = [ln for ln in r.stderr.splitlines() if ln.startswith("kvprof record:")]
+    assert len(error) == 1 and "python3-capstone" in error[0], r.stderr

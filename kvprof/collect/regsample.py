@@ -21,15 +21,17 @@ import ctypes
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bcc import BPF, PerfSWConfig, PerfType
 
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
-from kvprof.collect.decode import Process
 from kvprof.collect.oncpu import load_error, percpu_counters, warn
 from kvprof.collect.symbols import ThreadNames
 from kvprof.model.profile import AddressSample, Profile, SampledAddresses, ThreadInfo
+
+if TYPE_CHECKING:
+    from kvprof.collect.decode import Process
 
 SOURCE = PROBES_DIR / "regsample.bpf.c"
 RING = 32768  # a power of two (the BPF program masks with RING - 1)
@@ -87,6 +89,12 @@ class RegsampleCollector:
         why = self.applies()
         if why:
             raise CollectError(f"regsample: {why}")
+        try:  # capstone and pyelftools come from Debian, like BCC
+            from kvprof.collect.decode import Process
+        except ImportError as e:
+            raise CollectError(
+                f"regsample: {e}: run scripts/provision.sh (python3-capstone, python3-pyelftools)"
+            ) from None
         self._names.refresh()
         self._process = Process(self.pid)
         try:
