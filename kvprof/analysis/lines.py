@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from kvprof.model.profile import Finding, Profile
 
 LINE = 64
+LOCK_FUNCTIONS = ("pthread_mutex", "pthread_spin", "pthread_rwlock", "__lll_lock", "kv_lock", "kv_trylock")
 MIN_SAMPLES = 4  # fewer samples on a line than this: too few to call it contended
 SHARE_CRITICAL = 0.10  # of the writing threads' CPU samples
 SHARE_WARNING = 0.02
@@ -164,6 +165,17 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
                 "Pad or align each thread's data to its own 64-byte line (alignas(64), or a "
                 "padding member), or give each thread its own counters and sum them on read."
             )
+        elif any(f.startswith(LOCK_FUNCTIONS) for f in funcs):
+            title = f"contended lock word `{sl.symbol}` in {where}"
+            explanation = (
+                f"The lock at `{sl.symbol}` is taken by {sl.writers} threads ({_names(tids, profile)}): each "
+                "acquisition is an atomic write that first pulls the lock's cache line from the core that "
+                f"took it last. That cost ~{sl.share:.1%} of their CPU samples, before any waiting."
+            )
+            advice = (
+                "Take the lock less often (batch the work under one acquisition), split it per thread or "
+                "per stripe, or replace what it guards with per-thread data merged on read."
+            )
         else:
             title = f"contended atomic counter `{_plain(sl.symbol)}` in {where}"
             explanation = (
@@ -179,7 +191,7 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
         out.append(
             Finding(
                 id=f"sampled-line:0x{sl.line:x}",
-                title=f"{title}, written by {sl.writers} threads, ~{sl.share:.0%} of their CPU",
+                title=f"{title}, written by {sl.writers} threads, ~{sl.share:.1%} of their CPU",
                 category="cacheline",
                 severity=severity,
                 where=funcs[0],
