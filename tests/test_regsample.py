@@ -273,3 +273,24 @@ def test_missing_capstone_is_one_line(
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     error = [ln for ln in r.stderr.splitlines() if ln.startswith("kvprof record:")]
     assert len(error) == 1 and "python3-capstone" in error[0], r.stderr
+
+
+def test_line_kinds() -> None:
+    """One writer: not contended; two on one address: shared; two on distinct addresses: false sharing."""
+    from kvprof.model.profile import AddressSample, SampledAddresses, Target
+
+    def profile(*rows: tuple[int, int]) -> Profile:
+        samples = [
+            AddressSample(tid, 0, addr, 0x10, "f", "lock add", f"s+0x{addr & 63:x}", 8, 5)
+            for tid, addr in rows
+        ]
+        return Profile(Target(pid=1), addresses=SampledAddresses(samples, {"1": 100, "2": 100}))
+
+    (one,) = line_table(profile((1, 0x1000), (1, 0x1008)))
+    assert not one.contended and not one.false_sharing and one.writers == 1
+    (shared,) = line_table(profile((1, 0x1000), (2, 0x1000)))
+    assert shared.contended and not shared.false_sharing and shared.share == 10 / 200
+    (false,) = line_table(profile((1, 0x1000), (2, 0x1038)))
+    assert false.contended and false.false_sharing
+    apart = line_table(profile((1, 0x1000), (2, 0x1040)))  # the next line: two lines, one writer each
+    assert len(apart) == 2 and not any(sl.contended for sl in apart)
