@@ -1,7 +1,7 @@
 """The target's own counters over its port: memcached `stats` and Redis `INFO`,
 autodetected from the ports the process listens on, under each server's own
-benchmark client (redis-benchmark; kvload for memcached, Debian has no
-memtier_benchmark). `record` keeps them before and after the window, `top`'s
+benchmark client (redis-benchmark; libmemcached's memcaslap for memcached:
+Debian has no memtier_benchmark). `record` keeps them before and after the window, `top`'s
 header shows ops/s from them, and a target that answers neither still works.
 """
 
@@ -20,7 +20,7 @@ from textual.widgets import Static
 
 from kvprof.listening import general_stats, ops_total, server_stats
 from kvprof.model.profile import Profile
-from kvprof.target import Server, kvload_binary, start_memcached, start_redis
+from kvprof.target import Server, start_memcached, start_redis
 from kvprof.tui.app import TopApp
 from kvprof.tui.sources import LiveSource
 
@@ -64,15 +64,12 @@ def redis_benchmark(server: Server) -> subprocess.Popen[bytes]:
     )
 
 
-def kvload(server: Server, seconds: float) -> subprocess.Popen[bytes]:
+def memcaslap(server: Server) -> subprocess.Popen[bytes]:
+    """libmemcached's benchmark client (memaslap: gets and sets), until stopped."""
+    if shutil.which("memcaslap") is None:
+        pytest.skip("needs memcaslap (libmemcached-tools, scripts/provision.sh)")
     return subprocess.Popen(
-        [
-            str(kvload_binary()),
-            f"--server={server.address}",
-            f"--duration={seconds}",
-            "--quiet",
-            "--batch-size=16",
-        ],
+        ["memcaslap", "-s", server.address, "-T", "1", "-c", "8", "-t", "300s"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -130,8 +127,8 @@ def test_record_redis_keeps_info_before_and_after(redis: Server, tmp_path: Path)
 
 @pytest.mark.bpf
 def test_record_memcached_keeps_stats(memcached: Server, tmp_path: Path) -> None:
-    """record and report on Debian's memcached under kvload: server_stats hold `stats` around the window."""
-    p = record_under(memcached, kvload(memcached, 300), tmp_path / "mc.json")
+    """record and report on Debian's memcached under memcaslap: server_stats hold `stats` around it."""
+    p = record_under(memcached, memcaslap(memcached), tmp_path / "mc.json")
     before, after = ops_total(p.server_stats["before"]), ops_total(p.server_stats["after"])
     assert before is not None and after is not None and after > before
 
@@ -171,7 +168,7 @@ def test_top_header_shows_ops_of_redis_and_memcached(redis: Server, memcached: S
     finally:
         stop(bench)
     assert _ops_shown(header) > 0 and "(Redis INFO)" in header, header
-    load = kvload(memcached, 300)
+    load = memcaslap(memcached)
     try:
         header = _header(memcached.pid, lambda h: "ops/s" in h and _ops_shown(h) > 0)
     finally:
