@@ -47,6 +47,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from kvprof.analysis.lines import LINE, line_table
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
 
@@ -223,6 +224,22 @@ METRICS: dict[str, tuple[str, str, T]] = {
         ("site", "from_socket", "to_socket"),
     ),
     "cacheline_update_cycles": ("gauge", "Mean TSC cycles a sampled update took (rdtsc)", ("site",)),
+    "sampled_line_samples_total": (
+        "counter",
+        "On-CPU samples stalled on atomic writes to a cache line (sampled registers, any target)",
+        ("symbol", "function", *THREAD),
+    ),
+    "sampled_line_writers": ("gauge", "Threads that wrote the cache line with atomics", ("symbol",)),
+    "sampled_line_false_sharing": (
+        "gauge",
+        "1 when different threads wrote distinct addresses of the line",
+        ("symbol",),
+    ),
+    "sampled_unattributed_total": (
+        "counter",
+        "Samples whose IP or data address could not be found (unreadable, undecodable, segment, clobbered)",
+        ("reason",),
+    ),
     "request_duration_seconds": (
         "histogram",
         "Server-side latency of sampled requests (kvs probes, 1 in kvprof_probe_sample_ratio); "
@@ -301,6 +318,7 @@ class Labeler:
         self.threads = Capped(max_labels)
         self.locks = Capped(max_labels)
         self.sites = Capped(max_labels)
+        self.lines = Capped(max_labels)  # data symbols of sampled lines
         self.functions = TopFunctions(top)
         self.sockets: dict[str, str] = {}  # tid -> socket, pinned when first seen
         self.names: dict[str, str] = {}  # tid -> name, pinned when first seen
@@ -350,6 +368,8 @@ def profile_metrics(profile: Profile, lab: Labeler) -> Families:
         _locks(profile, lab, fam)
     if "cachelines" in profile.collectors:
         _cachelines(profile, lab, fam)
+    if "regsample" in profile.collectors:
+        _sampled_lines(profile, lab, fam)
     if "requests" in profile.collectors:
         for opcode, rs in sorted(profile.requests.items()):
             fam.histogram(
@@ -442,8 +462,28 @@ def _cachelines(profile: Profile, lab: Labeler, fam: Families) -> None:
     fam.add("cacheline_update_cycles", {site: cycles[site] / n for site, n in counted.items() if n})
 
 
+def _sampled_lines(profile: Profile, lab: Labeler, fam: Families) -> None:
+    table = line_table(profile)
+    lab.lines.admit((sl.symbol, sl.samples) for sl in table)
+    samples: Counter[T] = Counter()
+    writers: dict[T, float] = {}
+    false_sharing: dict[T, float] = {}
+    for sl in table:
+        symbol = lab.lines.label(sl.symbol)
+        writers[(symbol,)] = max(writers.get((symbol,), 0.0), float(sl.writers))
+        false_sharing[(symbol,)] = max(false_sharing.get((symbol,), 0.0), float(sl.false_sharing))
+    symbol_of = {sl.line: sl.symbol for sl in table}
+    for a in profile.addresses.samples:
+        symbol = lab.lines.label(symbol_of[a.address & ~(LINE - 1)])
+        samples[(symbol, a.function, *lab.thread(str(a.tid)))] += a.count
+    fam.add("sampled_line_samples_total", samples)
+    fam.add("sampled_line_writers", writers)
+    fam.add("sampled_line_false_sharing", false_sharing)
+    fam.add("sampled_unattributed_total", {(r,): n for r, n in profile.addresses.unattributed.items()})
+
+
 def target_metrics(stats: dict[str, dict[str, str]], fam: Families) -> None:
-    """The target's own `stats` (general, locks, timings) when it speaks the memcached protocol."""
+    """The target's own counters: memcached `stats` (general, locks, timings) or Redis `INFO`."""
     fam.add("target_stats_up", float(bool(stats)))
     for stat, text in sorted(stats.get("general", {}).items()):
         name = _stat_name(stat)

@@ -1,8 +1,11 @@
-"""Where a process listens, and its memcached-protocol `stats` if it answers.
+"""Where a process listens, and its own counters if it answers: memcached's
+`stats` or Redis's `INFO`, whichever protocol the port speaks.
 
 `kvprof record` keeps the target's own counters from before and after the
-window (`stats`, `stats locks`, `stats settings`) next to what the probes
-saw: they are the ground truth the collectors are checked against.
+window (`stats`, `stats locks`, `stats settings`; for Redis `INFO` with its
+`commandstats` and `latencystats` sections) next to what the probes saw:
+they are the ground truth the collectors are checked against. The general
+group of a Redis server holds `protocol: redis`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 
-from kvprof.target import TargetError, stats
+from kvprof.target import TargetError, redis_info, stats
 
 _TCP_LISTEN = "0A"
 
@@ -57,9 +60,49 @@ def listening_ports(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+REDIS_SECTIONS = ("commandstats", "latencystats")
+
+
+def _redis(host: str, port: int, timeout: float) -> dict[str, dict[str, str]]:
+    """INFO (default sections) as "general", plus each of REDIS_SECTIONS the server has."""
+    result = {"general": {"protocol": "redis", **redis_info(host, port, timeout=timeout)}}
+    for section in REDIS_SECTIONS:
+        try:
+            values = redis_info(host, port, section, timeout=timeout)
+        except (TargetError, OSError):
+            continue
+        if values:  # an older Redis answers an unknown section with nothing
+            result[section] = values
+    return result
+
+
+def general_stats(host: str, port: int, timeout: float = 2.0) -> dict[str, str]:
+    """The general counters of a memcached (`stats`) or Redis (`INFO`) port; TargetError if neither."""
+    try:
+        return {"protocol": "redis", **redis_info(host, port, timeout=timeout)}
+    except (TargetError, OSError):
+        pass
+    return stats(host, port, None, timeout=timeout)
+
+
+def ops_total(general: dict[str, str]) -> int | None:
+    """Operations served so far: memcached's cmd_get + cmd_set, Redis's total_commands_processed."""
+    try:
+        if general.get("protocol") == "redis":
+            return int(general["total_commands_processed"])
+        return int(general["cmd_get"]) + int(general["cmd_set"])
+    except (KeyError, ValueError):
+        return None
+
+
 def server_stats(pid: int, groups: tuple[str, ...] = ("", "locks", "settings")) -> dict[str, dict[str, str]]:
-    """`stats` groups from the first port of `pid` that speaks the memcached protocol; {} if none."""
+    """The counters of the first port of `pid` that speaks Redis (INFO) or the memcached
+    protocol (`stats` groups); {} if none."""
     for host, port in listening_ports(pid):
+        try:  # Redis first: memcached answers a stray INFO with ERROR at once
+            return _redis(host, port, timeout=2.0)
+        except (TargetError, OSError):
+            pass
         result: dict[str, dict[str, str]] = {}
         for group in groups:
             try:

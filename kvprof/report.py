@@ -17,6 +17,7 @@ from typing import Any
 
 from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, rank_key, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, normalize
+from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
@@ -306,6 +307,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
             "functions": [asdict(r) for r in top_functions(profile, top)],
             "locks": [asdict(r) for r in lock_rows(profile)],
             "cachelines": [asdict(r) for r in line_rows(profile)],
+            "sampled_lines": [line_row(sl) for sl in line_table(profile)],
+            "sampled_unattributed": dict(profile.addresses.unattributed),
             "socket_matrix": socket_matrix(profile),
             "threads": [asdict(r) for r in thread_rows(profile)],
             "requests": [asdict(r) for r in request_rows(profile)],
@@ -391,6 +394,10 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("transfers_per_s", "transfers/s", 1.0),
         ("cycles_mean", "cycles", 1.0),
     ],
+    "sampled-line": [
+        ("samples", "samples", 1.0),
+        ("share", "% its CPU", 100.0),
+    ],
     "cpu": [
         ("samples", "samples", 1.0),
         ("share_of_thread", "% thread", 100.0),
@@ -413,7 +420,13 @@ def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
     if f.severity == "info":
         # info findings are context, not problems: what and how much only
         return lines
-    kind = "futex" if f.id.startswith("futex:") else f.category
+    kind = (
+        "futex"
+        if f.id.startswith("futex:")
+        else "sampled-line"
+        if f.id.startswith("sampled-line:")
+        else f.category
+    )
     cols = THREAD_COLUMNS.get(kind, [])
     if f.per_thread and cols:
         name_w = WIDTH - 5 - 13 * len(cols)
@@ -437,6 +450,37 @@ def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
 
 def _section(title: str) -> list[str]:
     return ["", title, "-" * len(title)]
+
+
+def _sampled_lines(profile: Profile, top: int) -> list[str]:
+    """The cache lines found from sampled registers (kvprof.analysis.lines)."""
+    if "regsample" not in profile.collectors:
+        return []
+    a = profile.addresses
+    lines = line_table(profile)
+    on_atomics = sum(sl.samples for sl in lines)
+    out = _section("CACHE LINES FROM SAMPLED REGISTERS (atomic writes, any target)")
+    out.append(f"{on_atomics:,} of {a.user_samples:,} user-mode samples on atomic writes")
+    out.append(
+        f"could not attribute {unattributed(profile):,} samples"
+        + (f" ({', '.join(f'{k} {v}' for k, v in a.unattributed.items())})" if a.unattributed else "")
+    )
+    if a.lost:
+        out.append(f"{a.lost:,} samples overwritten before they were read")
+    if not lines:
+        out.append("no samples on atomic writes")
+        return out
+    out.append(f"{'data symbol':<24}{'samples':>8}{'CPU %':>7}{'thr':>4}  {'kind':<14}function")
+    for sl in lines[: max(top, 1)]:
+        funcs = ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f]))
+        out.append(
+            f"{_fit(sl.symbol, 23):<24}{sl.samples:>8}{sl.share * 100:7.1f}{sl.writers:>4}  "
+            f"{kind(sl):<14}" + _fit(funcs, WIDTH - 57)
+        )
+    if len(lines) > top:
+        out.append(f"... and {len(lines) - top} more lines")
+    out.append("  CPU %: the writing threads' on-CPU samples spent on these writes")
+    return out
 
 
 def render_text(profile: Profile, top: int = 15) -> str:
@@ -514,6 +558,8 @@ def render_text(profile: Profile, top: int = 15) -> str:
                 out.append(f"{i:>6}" + "".join(f"{_n(v):>12}" for v in row))
     else:
         out.append("no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)")
+
+    out += _sampled_lines(profile, top)
 
     trows = thread_rows(profile)
     out += _section("THREADS")

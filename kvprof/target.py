@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,26 +159,55 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def start_memcached(args: list[str] | tuple[str, ...] = (), timeout: float = 10.0) -> Server:
-    """Start Debian's memcached on a free loopback port (a real peer to compare with)."""
-    exe = shutil.which("memcached")
+def _start_peer(name: str, argv_for: Callable[[str, int], list[str]], timeout: float) -> Server:
+    """Start a Debian server that takes its port as a flag on a free loopback port."""
+    exe = shutil.which(name)
     if exe is None:
-        raise TargetError("memcached not found: run scripts/provision.sh")
+        raise TargetError(f"{name} not found: run scripts/provision.sh")
     for _ in range(5):
         port = free_port()
-        fd, log_name = tempfile.mkstemp(prefix="memcached-", suffix=".log")
-        argv = [exe, "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-U", "0", *args]
+        fd, log_name = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+        argv = argv_for(exe, port)
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent
             )
-        server = Server(proc, "127.0.0.1", port, "memcached", Path(log_name), argv)
+        server = Server(proc, "127.0.0.1", port, name, Path(log_name), argv)
         try:
             _wait_for_port("127.0.0.1", port, proc, timeout)
             return server
         except TargetError:
             server.stop()  # most likely lost the port to someone else: try another
-    raise TargetError("memcached could not be started on a free port")
+    raise TargetError(f"{name} could not be started on a free port")
+
+
+def start_memcached(args: list[str] | tuple[str, ...] = (), timeout: float = 10.0) -> Server:
+    """Start Debian's memcached on a free loopback port (a real peer to compare with)."""
+    return _start_peer(
+        "memcached",
+        lambda exe, port: [exe, "-u", "root", "-l", "127.0.0.1", "-p", str(port), "-U", "0", *args],
+        timeout,
+    )
+
+
+def start_redis(args: list[str] | tuple[str, ...] = (), timeout: float = 10.0) -> Server:
+    """Start Debian's redis-server on a free loopback port, persisting nothing."""
+    return _start_peer(
+        "redis-server",
+        lambda exe, port: [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *args,
+        ],
+        timeout,
+    )
 
 
 def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:
@@ -199,4 +228,35 @@ def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) 
         if line.startswith("STAT "):
             _, name, *value = line.split(" ", 2)
             result[name] = value[0] if value else ""
+    return result
+
+
+def redis_info(host: str, port: int, section: str = "", timeout: float = 5.0) -> dict[str, str]:
+    """Redis `INFO [section]` (inline command, RESP bulk reply), as a dict of name -> value;
+    TargetError when the port does not answer as Redis does."""
+    command = f"INFO {section}\r\n" if section else "INFO\r\n"
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            data += chunk
+        head, _, body = data.partition(b"\r\n")
+        if not head.startswith(b"$") or not head[1:].isdigit():
+            raise TargetError(
+                f"{host}:{port} is no Redis server (answered {head[:40].decode(errors='replace')!r})"
+            )
+        size = int(head[1:])
+        while len(body) < size:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            body += chunk
+    result: dict[str, str] = {}
+    for line in body[:size].decode(errors="replace").split("\r\n"):
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            result[name] = value
     return result

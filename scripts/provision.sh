@@ -98,6 +98,7 @@ PKGS=(
     libmemcached-tools memcached redis-server
     tmux
     golang-go prometheus # `go tool pprof` reads the pprof export; Prometheus scrapes `kvprof exporter`
+    python3-capstone python3-pyelftools # regsample: decode sampled IPs, name data symbols
 )
 if [[ $OS_ID == ubuntu && ${VERSION_ID:-} == 22.04 ]]; then
     PY=/usr/bin/python3.11 # jammy's python3 is 3.10
@@ -111,7 +112,7 @@ available() { apt-cache show "$1" >/dev/null 2>&1; }
 APT_UPDATED=no
 apt_update_once() {
     if [[ $APT_UPDATED == no ]]; then
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq -o DPkg::Lock::Timeout=600
         APT_UPDATED=yes
     fi
 }
@@ -140,7 +141,7 @@ apt_install() {
     local apt_log
     apt_log=$(mktemp /tmp/kvprof-provision-apt.XXXXXX)
     if ! as_root env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -q -o Dpkg::Use-Pty=0 --no-install-recommends "$@" >"$apt_log" 2>&1; then
+        apt-get install -y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=600 --no-install-recommends "$@" >"$apt_log" 2>&1; then
         tail -n 40 "$apt_log" >&2
         die "apt-get install failed; its whole output is in $apt_log"
     fi

@@ -154,7 +154,10 @@ def test_json_has_findings_and_tables() -> None:
     lock = data["findings"][ids.index("lock:topkeys")]
     assert set(lock["per_thread"]) == {W0, W1} and lock["thread_names"][W0] == "kv-worker-0"
     assert lock["summary"].startswith("The topkeys lock")
-    assert set(data["tables"]) == {"functions", "locks", "cachelines", "socket_matrix", "threads", "requests"}
+    assert set(data["tables"]) == {
+        "functions", "locks", "cachelines", "socket_matrix", "threads", "requests",
+        "sampled_lines", "sampled_unattributed",
+    }  # fmt: skip
     assert len(data["tables"]["functions"]) >= 5
     assert data["tables"]["locks"][0]["name"] == "topkeys"
 

@@ -30,6 +30,7 @@ from kvprof.analysis.hotspots import (
     match_site,
     normalize,
 )
+from kvprof.analysis.lines import line_findings
 from kvprof.model.profile import Finding, FutexWait, Profile
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -705,6 +706,7 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
     findings = [
         *_lock_findings(c),
         *_line_findings(c),
+        *line_findings(profile, skip_functions={cl.site for cl in profile.cachelines}),
         *_cpu_findings(c),
         *_offcpu_findings(c),
     ]
@@ -740,6 +742,13 @@ def summary(f: Finding) -> str:
             + f"), the longest wait {_n(k.get('max_ms', 0))} ms."
         )
         return s + _cpu_note(f)
+    if f.id.startswith("sampled-line:"):
+        what = "distinct addresses in one line" if k.get("false_sharing") else "one line"
+        return (
+            f"{int(k.get('samples', 0))} on-CPU samples stalled on atomic writes to {what}, "
+            f"written by {int(k.get('writers', 0))} threads: ~{k.get('share', 0):.1%} of those threads' CPU "
+            "(from sampled registers, no probes)."
+        )
     if f.category == "cacheline":
         s = (
             f"{f.where} updated its counter {_n(k.get('updates_per_s', 0))} times a second; "

@@ -29,7 +29,7 @@ from kvprof.collect import CollectError, CollectOptions
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
-ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests")
+ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
 
 
 class TargetGone(Exception):
@@ -230,7 +230,7 @@ class Session:
         # stack collectors symbolize thousands of frames. The probe maps are
         # read right next to the moment `record` reads the target's own stats:
         # last when the window starts (the base), first when it ends.
-        stacks_last = sorted(active, key=lambda c: c.name in ("oncpu", "offcpu"))
+        stacks_last = sorted(active, key=lambda c: c.name in ("oncpu", "offcpu", "regsample"))
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
         return profile

@@ -14,6 +14,7 @@ import copy
 from dataclasses import replace
 
 from kvprof.model.profile import (
+    AddressSample,
     CacheLineStat,
     CpuStack,
     FutexWait,
@@ -23,6 +24,7 @@ from kvprof.model.profile import (
     OffCpu,
     Profile,
     RequestStat,
+    SampledAddresses,
     ThreadInfo,
     ThreadWaits,
 )
@@ -158,6 +160,30 @@ def _requests(new: dict[str, RequestStat], old: dict[str, RequestStat]) -> dict[
     return out
 
 
+def _addresses(new: SampledAddresses, old: SampledAddresses) -> SampledAddresses:
+    def key(s: AddressSample) -> tuple[int, int, int, int]:
+        return (s.tid, s.cpu, s.ip, s.address)
+
+    before = {key(s): s.count for s in old.samples}
+    samples = [replace(s, count=s.count - before.get(key(s), 0)) for s in new.samples]
+    return SampledAddresses(
+        samples=[s for s in samples if s.count > 0],
+        thread_samples={
+            t: n - old.thread_samples.get(t, 0)
+            for t, n in new.thread_samples.items()
+            if n - old.thread_samples.get(t, 0) > 0
+        },
+        user_samples=new.user_samples - old.user_samples,
+        kernel_samples=new.kernel_samples - old.kernel_samples,
+        unattributed={
+            r: n - old.unattributed.get(r, 0)
+            for r, n in new.unattributed.items()
+            if n - old.unattributed.get(r, 0)
+        },
+        lost=new.lost - old.lost,
+    )
+
+
 def delta(new: Profile, old: Profile) -> Profile:
     """`new` minus `old`: both cumulative snapshots of the same session, `old` first."""
     counters = {k: v - old.status.counters.get(k, 0) for k, v in new.status.counters.items()}
@@ -169,6 +195,7 @@ def delta(new: Profile, old: Profile) -> Profile:
         locks=_locks(new.locks, old.locks),
         cachelines=_cachelines(new.cachelines, old.cachelines),
         requests=_requests(new.requests, old.requests),
+        addresses=_addresses(new.addresses, old.addresses),
         status=replace(new.status, counters=counters),
         findings=[],
     )

@@ -141,6 +141,34 @@ class CacheLineStat:
 
 
 @dataclass
+class AddressSample:
+    """On-CPU samples that landed on one atomic instruction writing one data
+    address, from one thread on one CPU (the `regsample` collector)."""
+
+    tid: int
+    cpu: int
+    address: int  # the data address the instruction wrote
+    ip: int  # the instruction's address
+    function: str
+    instruction: str  # "lock add qword ptr [rip + 0x2dfd], 1"
+    symbol: str  # data symbol: "shared_items", "stats+0x8", "heap 0x55d0c0a0"
+    width: int  # bytes written
+    count: int
+
+
+@dataclass
+class SampledAddresses:
+    """What the `regsample` collector saw: kvprof.analysis.lines folds it into cache lines."""
+
+    samples: list[AddressSample] = field(default_factory=list)
+    thread_samples: dict[str, int] = field(default_factory=dict)  # tid -> all its on-CPU samples
+    user_samples: int = 0  # samples taken in user mode (with registers)
+    kernel_samples: int = 0  # samples taken in kernel mode (no user registers)
+    unattributed: dict[str, int] = field(default_factory=dict)  # reason -> samples
+    lost: int = 0  # overwritten in the ring before they were read
+
+
+@dataclass
 class RequestStat:
     count: int = 0
     hist_log2_ns: list[int] = field(default_factory=list)
@@ -178,6 +206,10 @@ class Status:
     sample_rates: dict[str, int] = field(default_factory=dict)  # probe -> 1 in N (server's --probe-sample)
 
 
+def _addresses(d: dict[str, Any]) -> SampledAddresses:
+    return SampledAddresses(**{**d, "samples": [AddressSample(**s) for s in d.get("samples", [])]})
+
+
 @dataclass
 class Profile:
     target: Target
@@ -192,6 +224,7 @@ class Profile:
     cachelines: list[CacheLineStat] = field(default_factory=list)
     requests: dict[str, RequestStat] = field(default_factory=dict)
     server_stats: dict[str, dict[str, str]] = field(default_factory=dict)  # "before"/"after" -> stats
+    addresses: SampledAddresses = field(default_factory=SampledAddresses)
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
 
@@ -246,6 +279,7 @@ class Profile:
                 ],
                 requests={k: RequestStat(**v) for k, v in d.get("requests", {}).items()},
                 server_stats=dict(d.get("server_stats", {})),
+                addresses=_addresses(d.get("addresses") or {}),
                 findings=[Finding(**f) for f in d.get("findings", [])],
                 status=Status(**d.get("status", {})),
             )

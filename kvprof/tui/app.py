@@ -153,6 +153,7 @@ class TopApp(App[None]):
     #ov-findings { height: 1fr; min-height: 4; }
     #ov-detail-box { height: 30%; min-height: 5; border-top: solid $primary; padding: 0 1; }
     #lines-table { height: 1fr; min-height: 4; }
+    #lines-sampled { height: 1fr; min-height: 4; }
     #lines-bottom { height: auto; max-height: 9; padding: 0 1; }
     #lines-threads { width: 1fr; height: auto; }
     #lines-matrix { width: auto; height: auto; padding-left: 2; }

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
+from kvprof.analysis.lines import kind, line_table
+from kvprof.listening import ops_total
 from kvprof.model.delta import _hist_quantile, delta
 from kvprof.model.profile import Finding, Profile, Window
 from kvprof.report import sample_rate, socket_matrix
@@ -66,10 +68,7 @@ def since(new: Profile, old: Profile | None) -> Profile:
 
 
 def _ops(stats: dict[str, str]) -> int | None:
-    try:
-        return int(stats["cmd_get"]) + int(stats["cmd_set"])
-    except (KeyError, ValueError):
-        return None
+    return ops_total(stats)
 
 
 class Timeline:
@@ -159,6 +158,13 @@ class Frame:
     findings: list[Finding]
     status: StatusInfo
     kvs_probes: bool = False
+    server: str = ""  # "memcached", "redis", "none" (answered neither), "" (not asked yet)
+
+
+def _server(tl: Timeline) -> str:
+    if tl.last_stats is not None:
+        return "redis" if tl.last_stats.get("protocol") == "redis" else "memcached"
+    return "none" if tl.latest is not None and tl.latest.profile is not None else ""
 
 
 def _drops(profile: Profile) -> int:
@@ -171,6 +177,11 @@ def _unavailable(states: dict[str, str], kvs: bool, seen: bool) -> dict[str, str
         state = states.get(name)
         label = VIEW_NAMES[view]
         if state == "ok":
+            continue
+        if view == "lines" and states.get("regsample") == "ok":
+            # the lines from sampled registers stand in for the kvs probes on any target
+            if name in KVS_COLLECTORS and not kvs:
+                out[view] = "no kvs probes: lines from sampled registers only"
             continue
         if state is None and seen:
             out[view] = f"{name} not collected: {label} view unavailable"
@@ -219,6 +230,7 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
         elapsed_s=latest.at if latest is not None else 0.0,
         uptime_s=uptime,
         ops_per_s=tl.ops_per_s,
+        server=_server(tl),
         ops_history=list(tl.ops),
         interval=interval,
         recent=recent,
@@ -298,6 +310,12 @@ def cost_line(f: Finding) -> str:
         return (
             f"{site} — {f.where} mutex: {pct(k.get('wait_share', 0))} of {who} wall time waiting, "
             f"{num(k.get('waits_per_s', 0))} waits/s"
+        )
+    if f.id.startswith("sampled-line:"):
+        what = "false sharing" if k.get("false_sharing") else "shared atomic"
+        return (
+            f"{site} — {what}: ~{pct(k.get('share', 0))} of {int(k.get('writers', 0))} threads' CPU "
+            f"stalled on it ({int(k.get('samples', 0))} samples)"
         )
     if f.category == "cacheline":
         if k.get("writers", 2.0) == 1.0:
@@ -591,6 +609,37 @@ def line_threads(frame: Frame, site: str) -> list[ThreadBar]:
         if n > 0
     ]
     return sorted(rows, key=lambda r: (-r.updates_per_s, r.tid))
+
+
+@dataclass(frozen=True)
+class SampledRow:
+    key: str  # the line's address, "0x..."
+    symbol: str
+    samples: int
+    share: float  # of the writing threads' CPU samples
+    writers: int
+    kind: str
+    functions: str
+
+
+def sampled_rows(frame: Frame) -> list[SampledRow]:
+    """Cache lines from sampled registers (kvprof.analysis.lines), over the whole window:
+    a few samples a second land on atomics, so the recent window is too thin."""
+    p = frame.total
+    if p is None:
+        return []
+    return [
+        SampledRow(
+            f"0x{sl.line:x}",
+            sl.symbol,
+            sl.samples,
+            sl.share,
+            sl.writers,
+            kind(sl),
+            ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f])),
+        )
+        for sl in line_table(p)
+    ]
 
 
 def transfer_matrix(frame: Frame) -> list[list[float]]:

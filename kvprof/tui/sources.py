@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 # kvs targets: the lock and cache-line collectors name the study's spots; then the slow
 # on-CPU program (5-10 s to compile here), whose compile a quit does not wait for (see
 # LiveSource.close), so a quit while the first findings are on screen is quick
-KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests")
-GENERIC_ORDER = ("offcpu", "oncpu", "locks", "cachelines", "requests")
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
 
 
 class Source(Protocol):
@@ -215,13 +215,13 @@ class LiveSource:
     # ---- reading ---------------------------------------------------------------------
 
     def _stats(self) -> dict[str, str] | None:
-        from kvprof.listening import listening_ports
-        from kvprof.target import TargetError, stats
+        from kvprof.listening import general_stats, listening_ports
+        from kvprof.target import TargetError
 
         ports = [self._stats_port] if self._stats_port else listening_ports(self.pid)
         for host, port in ports:
             try:
-                values = stats(host, port, timeout=0.5)
+                values = general_stats(host, port, timeout=0.5)
             except (TargetError, OSError):
                 continue
             self._stats_port = (host, port)

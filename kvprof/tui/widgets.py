@@ -132,6 +132,10 @@ class OverviewPanel(Panel):
         ops = "-" if frame.ops_per_s is None else f"{frame.ops_per_s:,.0f}"
         info.append("ops/s ")
         info.append(ops, "bold cyan")
+        if frame.server == "none":
+            info.append(" (its ports answer neither memcached stats nor Redis INFO)", "dim")
+        elif frame.server == "redis":
+            info.append(" (Redis INFO)", "dim")
         info.append(f"  up {up}  profiled {frame.elapsed_s:.0f} s")
         self.query_one("#ov-info", Static).update(info)
 
@@ -336,6 +340,18 @@ class LinesPanel(Panel):
         with Horizontal(id="lines-bottom"):
             yield Static(id="lines-threads")
             yield Static(id="lines-matrix")
+        yield Static(id="lines-sampled-head", classes="head")
+        yield new_table(
+            "lines-sampled",
+            [
+                ("data symbol", "symbol"),
+                ("samples", "samples"),
+                ("CPU%", "share"),
+                ("writers", "writers"),
+                ("kind", "kind"),
+                ("functions", "functions"),
+            ],
+        )
 
     def show(self, frame: Frame, needle: str) -> None:
         self.frame = frame
@@ -366,14 +382,42 @@ class LinesPanel(Panel):
                     ],
                 )
             )
-        fill(self.query_one(DataTable), out)
+        fill(self.query_one("#lines-table", DataTable), out)
         self.show_bottom()
+        self.show_sampled(frame, needle)
+
+    def show_sampled(self, frame: Frame, needle: str) -> None:
+        rows = data.sampled_rows(frame)
+        on = "regsample" in (frame.total.collectors if frame.total is not None else [])
+        head = "atomic writes from sampled registers (any target), since start; CPU%: of the writers' samples"
+        self.query_one("#lines-sampled-head", Static).update(Text(head, "dim"))
+        for widget in (self.query_one("#lines-sampled-head"), self.query_one("#lines-sampled")):
+            widget.display = on  # a profile without regsample keeps the kvs view alone
+        out = []
+        for r in rows:
+            if not matches(needle, (r.symbol, r.functions)):
+                continue
+            hot = r.kind in ("shared", "false sharing")
+            out.append(
+                (
+                    r.key,
+                    [
+                        Text(r.symbol, HOT if hot else ""),
+                        str(r.samples),
+                        pct(r.share),
+                        str(r.writers),
+                        r.kind,
+                        r.functions,
+                    ],
+                )
+            )
+        fill(self.query_one("#lines-sampled", DataTable), out)
 
     def show_bottom(self) -> None:
         frame = self.frame
         if frame is None:
             return
-        table = self.query_one(DataTable)
+        table = self.query_one("#lines-table", DataTable)
         site = ""
         if table.row_count:
             try:

@@ -1,0 +1,370 @@
+"""Data addresses of atomic instructions, from a sampled IP and the user registers.
+
+Used by the `regsample` collector (probes/regsample.bpf.c) in user space,
+once per distinct IP: read the code around the IP from the live process,
+find the instruction that ends at the IP (a cpu-clock sample interrupts after
+the stalled instruction retires, so the IP is usually the next one: measured
+in docs/cachelines.md) and the one at the IP, and keep it when it is an
+atomic read-modify-write on memory: a `lock`-prefixed instruction, `xchg`
+with memory (locked without the prefix) or `cmpxchg`. Its effective address
+is then computed per sample from the sampled registers.
+
+What cannot be attributed is marked with a reason, never raised:
+`unreadable` (the IP's page cannot be read), `undecodable` (no instruction
+there), `segment` (%fs:/%gs:-relative: the segment base is not in the
+registers), `clobbered` (the instruction itself overwrote a register its
+address is made of, so the sampled value is not the one it used).
+
+Data symbols: an address in a file mapping is named from the file's
+`.symtab`/`.dynsym` OBJECT symbols (`shared_items`, `stats+0x8`); anything
+else is `heap 0x...` (anonymous memory and [heap]) or `stack 0x...`.
+
+No bcc here: tests drive it on any process.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import capstone
+from capstone import x86
+
+# Register order of `struct sample_t.regs` in probes/regsample.bpf.c.
+REGS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
+        "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")  # fmt: skip
+_ALIASES = {
+    "rax": ("eax", "ax", "al", "ah"), "rbx": ("ebx", "bx", "bl", "bh"), "rcx": ("ecx", "cx", "cl", "ch"),
+    "rdx": ("edx", "dx", "dl", "dh"), "rsi": ("esi", "si", "sil"), "rdi": ("edi", "di", "dil"),
+    "rbp": ("ebp", "bp", "bpl"), "rsp": ("esp", "sp", "spl"),
+}  # fmt: skip
+# capstone register name -> (index into REGS, mask of the bits an address of that width uses)
+_REG: dict[str, tuple[int, int]] = {}
+for _i, _name in enumerate(REGS):
+    _REG[_name] = (_i, (1 << 64) - 1)
+    for _alias in _ALIASES.get(_name, (f"{_name}d", f"{_name}w", f"{_name}b")):
+        _REG[_alias] = (_i, (1 << 32) - 1)
+MAX_INSN = 15
+MAX_SWEEP = 1 << 16  # a function longer than this is decoded by trying lengths instead
+
+UNREADABLE, UNDECODABLE, SEGMENT, CLOBBERED = "unreadable", "undecodable", "segment", "clobbered"
+
+
+@dataclass(frozen=True)
+class Atomic:
+    """An atomic RMW instruction and how to compute its data address."""
+
+    address: int  # of the instruction
+    size: int
+    text: str  # "lock add qword ptr [rdi], 1"
+    width: int  # bytes written
+    base: str = ""  # capstone register names, "" for none; "rip" for RIP-relative
+    index: str = ""
+    scale: int = 1
+    disp: int = 0
+    skid: bool = True  # the IP was the next instruction (registers are after it ran)
+
+    def effective_address(self, regs: list[int] | tuple[int, ...]) -> int:
+        """The data address from the sampled registers (REGS order)."""
+        if self.base == "rip":
+            return (self.address + self.size + self.disp) & ((1 << 64) - 1)
+        ea = self.disp
+        for reg, scale in ((self.base, 1), (self.index, self.scale)):
+            if reg:
+                idx, mask = _REG[reg]
+                ea += (regs[idx] & mask) * scale
+        return ea & ((1 << 64) - 1)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What one sampled IP is: an atomic (with its address rule), nothing of
+    interest (`atomic is None`, `reason == ""`), or not attributable (`reason`)."""
+
+    atomic: Atomic | None = None
+    reason: str = ""
+
+
+def _disassembler() -> capstone.Cs:
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    md.skipdata = False
+    return md
+
+
+def _family(name: str) -> int:
+    return _REG[name][0] if name in _REG else -1
+
+
+def _classify(md: capstone.Cs, insn: capstone.CsInsn, skid: bool) -> Decoded:
+    """Decoded for one instruction: an Atomic when it is an atomic RMW on memory."""
+    mem = [op for op in insn.operands if op.type == x86.X86_OP_MEM]
+    locked = insn.prefix[0] == x86.X86_PREFIX_LOCK
+    name = insn.mnemonic.split()[-1]  # "lock add" -> "add"
+    if not mem or not (locked or name == "xchg" or name.startswith("cmpxchg")):
+        return Decoded()
+    m = mem[0].mem
+    if m.segment in (x86.X86_REG_FS, x86.X86_REG_GS):
+        return Decoded(reason=SEGMENT)
+    base = md.reg_name(m.base) if m.base else ""
+    index = md.reg_name(m.index) if m.index else ""
+    if (base and base != "rip" and base not in _REG) or (index and index not in _REG):
+        return Decoded(reason=UNDECODABLE)
+    atomic = Atomic(
+        address=insn.address, size=insn.size, text=f"{insn.mnemonic} {insn.op_str}".strip(),
+        width=mem[0].size, base=base, index=index, scale=m.scale, disp=m.disp, skid=skid,
+    )  # fmt: skip
+    if skid:  # registers were sampled after it ran: it must not have changed its own address
+        written = {_family(md.reg_name(r)) for r in insn.regs_access()[1]}
+        written |= {_family(md.reg_name(op.reg)) for op in insn.operands if op.type == x86.X86_OP_REG}
+        if name.startswith("cmpxchg"):
+            written |= {_family("rax"), _family("rdx")}
+        if {_family(base), _family(index)} & (written - {-1}):
+            return Decoded(reason=CLOBBERED)
+    return Decoded(atomic=atomic)
+
+
+# ---- the target's memory and symbols ------------------------------------
+
+
+@dataclass
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str  # "" for anonymous, "[heap]", "[stack]", a file
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    """The target's /proc/PID/maps ([] when it is gone)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                cols = line.split(maxsplit=5)
+                lo, hi = cols[0].split("-")
+                path = cols[5].strip() if len(cols) > 5 else ""
+                out.append(Mapping(int(lo, 16), int(hi, 16), cols[1], int(cols[2], 16), path))
+    except (OSError, ValueError, IndexError):
+        return []
+    return out
+
+
+@dataclass
+class _ElfSymbols:
+    """FUNC and OBJECT symbols of one ELF file, by link-time address, and the
+    link-time address ranges of its PT_LOAD segments."""
+
+    funcs: list[tuple[int, int, str]] = field(default_factory=list)  # (address, size, name) sorted
+    objects: list[tuple[int, int, str]] = field(default_factory=list)
+    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, vaddr, memsz)
+
+    @classmethod
+    def read(cls, path: str) -> _ElfSymbols:
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+
+        syms = cls()
+        try:
+            with open(path, "rb") as f:
+                elf = ELFFile(f)
+                for seg in elf.iter_segments():
+                    if seg["p_type"] == "PT_LOAD":
+                        syms.loads.append((seg["p_offset"], seg["p_vaddr"], seg["p_memsz"]))
+                seen: set[tuple[int, str]] = set()
+                for name in (".symtab", ".dynsym"):
+                    section = elf.get_section_by_name(name)
+                    if section is None or not hasattr(section, "iter_symbols"):
+                        continue
+                    for sym in section.iter_symbols():
+                        kind = sym["st_info"]["type"]
+                        if (
+                            kind not in ("STT_FUNC", "STT_OBJECT", "STT_TLS")
+                            or not sym["st_value"]
+                            or not sym.name
+                        ):
+                            continue
+                        key = (sym["st_value"], sym.name)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        row = (sym["st_value"], sym["st_size"], sym.name.split("@")[0])
+                        (syms.funcs if kind == "STT_FUNC" else syms.objects).append(row)
+        except (OSError, ELFError, ValueError, KeyError):
+            return cls()
+        syms.funcs.sort()
+        syms.objects.sort()
+        return syms
+
+    @staticmethod
+    def find(table: list[tuple[int, int, str]], vaddr: int) -> tuple[int, int, str] | None:
+        i = bisect_right(table, (vaddr, 1 << 64, "")) - 1
+        while i >= 0:
+            start, size, _ = table[i]
+            if start <= vaddr < start + max(size, 1):
+                return table[i]
+            if start + max(size, 1) <= vaddr and size:
+                return None
+            i -= 1
+        return None
+
+
+class Process:
+    """Code and data of one live process: instruction bytes from its memory (the
+    code that runs, even when the file on disk was replaced), symbols from its
+    mapped files (through /proc/PID/map_files when the path no longer holds them)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.maps: list[Mapping] = []
+        self._elf: dict[str, _ElfSymbols] = {}
+        self._md = _disassembler()
+        self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self._functions: dict[int, dict[int, int]] = {}
+        self._decoded: dict[int, Decoded] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        maps = read_maps(self.pid)
+        if maps:
+            self.maps = maps
+
+    def mapping(self, addr: int) -> Mapping | None:
+        starts = [m.start for m in self.maps]
+        i = bisect_right(starts, addr) - 1
+        if i >= 0 and addr < self.maps[i].end:
+            return self.maps[i]
+        return None
+
+    def read(self, addr: int, size: int) -> bytes:
+        if not 0 <= addr < 1 << 63:  # no user address: pread takes a signed offset
+            return b""
+        try:
+            fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY)
+        except OSError:
+            return b""
+        try:
+            return os.pread(fd, size, addr)
+        except (OSError, OverflowError, ValueError):
+            return b""
+        finally:
+            os.close(fd)
+
+    def _symbols(self, m: Mapping) -> _ElfSymbols:
+        syms = self._elf.get(m.path)
+        if syms is None:
+            path = m.path.removesuffix(" (deleted)")
+            via = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
+            # map_files is the very file mapped, even after a replacement on disk
+            syms = _ElfSymbols.read(via) if os.path.exists(via) else _ElfSymbols.read(path)
+            self._elf[m.path] = syms
+        return syms
+
+    def _file(self, addr: int) -> tuple[Mapping, _ElfSymbols, int] | None:
+        """The mapped ELF file whose loaded image holds `addr` (its .bss too, an
+        anonymous mapping after the file's own), and addr's link-time address."""
+        m = self.mapping(addr)
+        if m is not None and not m.path.startswith("/") and m.path not in ("", "[heap]"):
+            return None
+        i = self.maps.index(m) if m is not None else bisect_right([x.start for x in self.maps], addr)
+        owner = m if m is not None and m.path.startswith("/") else None
+        if owner is None:  # the nearest file mapped below
+            owner = next((x for x in reversed(self.maps[:i]) if x.path.startswith("/")), None)
+        if owner is None:
+            return None
+        first = next((x for x in self.maps if x.path == owner.path and x.offset == 0), None)
+        syms = self._symbols(owner)
+        if first is None or not syms.loads:
+            return None
+        # the load bias: where the segment at file offset 0 was mapped, less its link address
+        bias = first.start - min(syms.loads, key=lambda seg: seg[0])[1]
+        vaddr = addr - bias
+        if any(va <= vaddr < va + size for _, va, size in syms.loads):
+            return owner, syms, vaddr
+        return None
+
+    def function(self, ip: int) -> tuple[str, int, int] | None:
+        """(name, start address in the process, size) of the function holding `ip`."""
+        found = self._file(ip)
+        if found is None:
+            return None
+        _, syms, vaddr = found
+        sym = syms.find(syms.funcs, vaddr)
+        return None if sym is None else (sym[2], ip - (vaddr - sym[0]), sym[1])
+
+    def function_name(self, ip: int) -> str:
+        """The function holding `ip`, `module+0xoffset` without a symbol, else `0x...`."""
+        func = self.function(ip)
+        if func is not None:
+            return func[0]
+        found = self._file(ip)
+        if found is not None:
+            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{found[2]:x}"
+        return f"0x{ip:x}"
+
+    def data_symbol(self, addr: int) -> str:
+        """`name`, `name+0x8`, or `heap 0x...`/`stack 0x...`."""
+        m = self.mapping(addr)
+        found = self._file(addr)
+        if found is not None:
+            _, syms, vaddr = found
+            sym = syms.find(syms.objects, vaddr)
+            if sym is not None:
+                off = vaddr - sym[0]
+                return sym[2] if off == 0 else f"{sym[2]}+0x{off:x}"
+            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{vaddr:x}"
+        kind = "heap" if m is None or m.path in ("", "[heap]") else m.path.strip("[]").split(":")[0]
+        return f"{kind} 0x{addr:x}"
+
+    def decode(self, ip: int) -> Decoded:
+        """What the sample at `ip` touched; decoded once per distinct IP."""
+        done = self._decoded.get(ip)
+        if done is None:
+            try:
+                done = self._decode(ip)
+            except (capstone.CsError, KeyError, ValueError, OSError):
+                done = Decoded(reason=UNDECODABLE)
+            self._decoded[ip] = done
+        return done
+
+    def _ends(self, start: int, size: int) -> dict[int, int]:
+        """end address -> start address of each instruction of the function at
+        `start`, decoded once (a linear sweep, without operand details)."""
+        ends = self._functions.get(start)
+        if ends is None:
+            code = self.read(start, size)
+            ends = {a + n: a for a, n, _, _ in self._lite.disasm_lite(code, start)}
+            self._functions[start] = ends
+        return ends
+
+    def _decode(self, ip: int) -> Decoded:
+        code = self.read(ip - MAX_INSN, 2 * MAX_INSN)
+        base = ip - MAX_INSN
+        if len(code) <= MAX_INSN:
+            code, base = self.read(ip, MAX_INSN), ip
+            if not code:
+                return Decoded(reason=UNREADABLE)
+        before: capstone.CsInsn | None = None
+        func = self.function(ip)
+        if func is not None and ip > func[1] and func[2] <= MAX_SWEEP and base < ip:
+            begin = self._ends(func[1], max(func[2], ip - func[1]) + MAX_INSN).get(ip)
+            if begin is not None and begin >= base:
+                before = next(self._md.disasm(code[begin - base : ip - base], begin, 1), None)
+        if before is None and base < ip:
+            # no symbol (or the sweep did not end at ip): the instruction that ends
+            # at ip, trying each length; only an atomic is taken, so a wrong guess is rare
+            for n in range(1, MAX_INSN + 1):
+                insn = next(self._md.disasm(code[MAX_INSN - n : MAX_INSN], ip - n, 1), None)
+                if insn is not None and insn.size == n and _classify(self._md, insn, True) != Decoded():
+                    before = insn
+                    break
+        if before is not None:
+            prev = _classify(self._md, before, skid=True)
+            if prev != Decoded():
+                return prev
+        at = next(self._md.disasm(code[ip - base :], ip, 1), None)
+        if at is None:
+            return Decoded() if before is not None else Decoded(reason=UNDECODABLE)
+        return _classify(self._md, at, skid=False)
