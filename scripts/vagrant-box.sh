@@ -124,19 +124,10 @@ make_rootfs() {
 
 install_packages() {
     rm -f "$ROOTFS/etc/apt/sources.list"
-    cat >"$ROOTFS/etc/apt/sources.list.d/debian.sources" <<EOF
-Types: deb
-URIs: $MIRROR
-Suites: $SUITE $SUITE-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: $SECURITY
-Suites: $SUITE-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+    local key=/usr/share/keyrings/debian-archive-keyring.gpg
+    printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: %s\n\n' \
+        "$MIRROR" "$SUITE $SUITE-updates" "$key" "$SECURITY" "$SUITE-security" "$key" \
+        >"$ROOTFS/etc/apt/sources.list.d/debian.sources"
     # No service starts in the rootfs while packages install.
     printf '#!/bin/sh\nexit 101\n' >"$ROOTFS/usr/sbin/policy-rc.d"
     chmod 755 "$ROOTFS/usr/sbin/policy-rc.d"
@@ -288,7 +279,7 @@ added_stamp() {
 }
 
 add_box() {
-    vagrant box add --force --name "$KVPROF_LOCAL_BOX" "$BOX"
+    vagrant_global box add --force --name "$KVPROF_LOCAL_BOX" "$BOX"
 }
 
 T0=$EPOCHREALTIME

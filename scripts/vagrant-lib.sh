@@ -10,6 +10,11 @@ VAGRANT_WORK=${KVPROF_VAGRANT_DIR:-$REPO/build/vagrant}
 # No version check against HashiCorp's servers.
 export VAGRANT_CHECKPOINT_DISABLE=1
 
+# vagrant for commands about no machine (box, plugin, global-status), run from
+# / so that it makes no .vagrant/ in the checkout (it does in a folder with a
+# Vagrantfile).
+vagrant_global() { (cd / && vagrant "$@"); }
+
 log() { printf '%s: %s\n' "$ME" "$*"; }
 die() {
     printf '%s: error: %s\n' "$ME" "$*" >&2

@@ -71,8 +71,8 @@ if [[ -z $INSIDE ]]; then
     for tool in unshare libvirtd virsh vagrant dnsmasq iptables qemu-system-x86_64 rsync; do
         command -v "$tool" >/dev/null || die "$tool is missing: run scripts/provision.sh --vagrant"
     done
-    vagrant plugin list 2>/dev/null | grep -q '^vagrant-libvirt ' || die "the vagrant-libvirt plugin is missing: run scripts/provision.sh"
-    vagrant box list 2>/dev/null | grep -q "^$KVPROF_LOCAL_BOX " ||
+    vagrant_global plugin list 2>/dev/null | grep -q '^vagrant-libvirt ' || die "the vagrant-libvirt plugin is missing: run scripts/provision.sh"
+    vagrant_global box list 2>/dev/null | grep -q "^$KVPROF_LOCAL_BOX " ||
         die "Vagrant has no box $KVPROF_LOCAL_BOX: run make vagrant-box"
     mkdir -p "$VAGRANT_WORK" "$OUT"
     OUT=$(cd "$OUT" && pwd)
@@ -104,7 +104,7 @@ if [[ -z $INSIDE ]]; then
     fi
     # The machine index entry goes with vagrant destroy; one of a failed run's
     # machine (its dotfile folder is about to go) goes with --prune.
-    if [[ $rc -ne 0 ]]; then vagrant global-status --prune >/dev/null 2>&1 || true; fi
+    if [[ $rc -ne 0 ]]; then vagrant_global global-status --prune >/dev/null 2>&1 || true; fi
     rm -rf --one-file-system "$TMP"
     if [[ $rc -eq 0 ]]; then
         log "ok in $(seconds_since "$T0") s in all; output in $OUT"
