@@ -234,11 +234,11 @@ record() {
         head -n 5 "$OUT/profile.json" >&2
         return 1
     }
-    sed -n '/[Cc]ache lines/,/^$/p' "$OUT/report.txt"
+    sed -n '/^  window:/,/^  collectors:/p; /^CACHE LINES/,/^$/p; /^transfers\/s, from socket/,/^$/p' "$OUT/report.txt"
     "$REPO/.venv/bin/kvprof" report --json "$OUT/profile.json" | "$REPO/.venv/bin/python" -c '
 import json, sys
-m = json.load(sys.stdin)["socket_matrix"]
-print(f"socket matrix (transfers, from row socket to column socket): {m}")
+m = json.load(sys.stdin)["tables"]["socket_matrix"]
+print("socket matrix from report --json (transfers/s):", [[round(v, 1) for v in row] for row in m])
 ok = len(m) == 2 and all(len(r) == 2 for r in m) and m[0][1] > 0 and m[1][0] > 0
 sys.exit(0 if ok else "the socket matrix is not 2x2 with both cross-socket cells > 0")'
 }
