@@ -78,6 +78,20 @@ vm-test: setup build
 vm-check: setup
 	bash scripts/vm-check.sh
 
+.PHONY: vagrant-box vagrant-test
+
+# A local libvirt box of Debian 12 with everything provision.sh installs, added
+# to Vagrant as kvprof-local/debian12 (cached in build/vagrant). scripts/vagrant-box.sh.
+vagrant-box:
+	bash scripts/provision.sh --vagrant
+	$(AS_ROOT) bash scripts/vagrant-box.sh
+
+# `vagrant up` of the Vagrantfile with that box under QEMU TCG, in a network
+# namespace of its own; doctor, topology and a record inside, then destroy.
+# Not part of `make test` (it takes about N minutes). scripts/vagrant-test.sh.
+vagrant-test: vagrant-box
+	$(AS_ROOT) bash scripts/vagrant-test.sh
+
 lint:
 	$(RUFF) check .
 	$(RUFF) format --check .

@@ -7,13 +7,21 @@
 # need root (apt-get, mount, links in /lib/modules) go through sudo, each said
 # out loud. Supported: Debian 12, Ubuntu 22.04 and 24.04.
 #
-#   scripts/provision.sh [--no-build]    --no-build: everything but building kvcached
+#   scripts/provision.sh [--no-build] [--vagrant] [--print-packages]
+#     --no-build        everything but building kvcached
+#     --vagrant         also what `make vagrant-box` / `make vagrant-test` need on
+#                       the host (a libvirt daemon, qemu-img, syslinux, mtools)
+#     --print-packages  print the system packages this would install, and stop
 set -euo pipefail
 
 BUILD=yes
+VAGRANT_HOST=no
+PRINT_PACKAGES=no
 for arg in "$@"; do
     case "$arg" in
         --no-build) BUILD=no ;;
+        --vagrant) VAGRANT_HOST=yes ;;
+        --print-packages) PRINT_PACKAGES=yes ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -178,6 +186,17 @@ if [[ $OS_ID == debian ]]; then
 else
     PKGS+=(debian-archive-keyring)
     VM_OPTIONAL=(vagrant vagrant-libvirt) # where the Ubuntu archive has them
+fi
+# make vagrant-box / vagrant-test only (scripts/vagrant-box.sh, vagrant-test.sh):
+# libvirtd with its QEMU driver (not libvirt-daemon-system, which brings
+# systemd and libvirt's default NAT network), the image tools, the bootloader.
+if [[ $VAGRANT_HOST == yes ]]; then
+    PKGS+=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients dnsmasq-base iptables
+        qemu-utils dosfstools mtools syslinux syslinux-common fdisk)
+fi
+if [[ $PRINT_PACKAGES == yes ]]; then
+    printf '%s\n' "${PKGS[@]}"
+    exit 0
 fi
 
 missing=()
