@@ -265,6 +265,7 @@ def test_hundreds_of_mappings_degrade_to_a_warning(tmp_path: Path, started: list
         unwind.UNWIND_PAGES = pages
     assert any("do not fit" in w for w in profile.status.warnings), profile.status.warnings
     assert not bare_addresses(profile)
+    assert any(s.frames[0] == "[truncated]" for s in profile.oncpu), [s.frames for s in profile.oncpu[:3]]
 
 
 def test_jit_region_frames_are_marked(tmp_path: Path, started: list) -> None:

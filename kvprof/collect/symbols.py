@@ -93,6 +93,8 @@ class Symbolizer:
         """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
         a walk that stopped before the root starts with its marker."""
         frames = [self.user(a) for a in reversed(ips)]
+        if reason == "outside known code" and self.unwinder and self.unwinder.did_not_fit(ips[-1]):
+            reason = "table full"  # known code whose pages did not fit: [truncated]
         if reason != "root":
             frames.insert(0, MARKERS[reason])
         return frames

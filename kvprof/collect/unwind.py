@@ -286,6 +286,7 @@ class Unwinder:
         self._placed: dict[int, int] = {}  # id(table) -> its first row in unw_rows
         self._nrows = 0
         self._npages = 0
+        self._unpushed: list[tuple[int, int]] = []  # address ranges whose pages did not fit
 
     def prepare(self) -> None:
         """Read the target's executable mappings and build (or load) the table of
@@ -402,6 +403,7 @@ class Unwinder:
             for page in range(m.start >> PAGE_SHIFT, ((m.end - 1) >> PAGE_SHIFT) + 1):
                 if self._npages >= UNWIND_PAGES:
                     full = True
+                    self._unpushed.append((page << PAGE_SHIFT, m.end))
                     break
                 first = count = 0
                 if pcs is not None:
@@ -431,6 +433,10 @@ class Unwinder:
             pages_map.items_update_batch(keys, values)
         ready = bpf[b"unw_ready"]
         ready[ready.Key(0)] = ready.Leaf(1)
+
+    def did_not_fit(self, ip: int) -> bool:
+        """Whether ip lies in a mapping (part) whose pages did not fit in unw_pages."""
+        return any(lo <= ip < hi for lo, hi in self._unpushed)
 
     def mapping(self, ip: int) -> Mapping | None:
         i = bisect.bisect_right(self._starts, ip) - 1
