@@ -102,6 +102,12 @@ WORK=$(cd "$WORK" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 ROOTFS=$WORK/rootfs
+# debootstrap cannot build a root whose path has white space in it (its first
+# chroot into the new root fails): a checkout in such a folder builds the root
+# in a temporary folder instead (not reused by a later --keep run).
+if [[ $ROOTFS =~ [[:space:]] ]]; then
+    ROOTFS=$(mktemp -d /tmp/kvprof-vm-rootfs.XXXXXX)
+fi
 RUN=$WORK/run # per-run files: payload, output disk, serial log
 IMAGE=$WORK/rootfs.ext4
 KERNEL=$WORK/vmlinuz
