@@ -58,9 +58,9 @@ GUEST_TIMEOUT=${KVPROF_VM_TIMEOUT:-600}
 GUEST_CPU=${KVPROF_VM_CPU:-qemu64,+rdtscp}
 SUITE=bookworm
 # What the guest needs (see above). Changing this list rebuilds the image.
-GUEST_PACKAGES=(python3 python3-bpfcc binutils)
+GUEST_PACKAGES=(python3 python3-bpfcc python3-pyelftools python3-capstone binutils)
 # Bump to rebuild cached images when the way they are made changes.
-RECIPE=3
+RECIPE=4
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
