@@ -312,3 +312,46 @@ def test_program_without_kvs_probes(contend: Callable[[], subprocess.Popen[bytes
     report = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0
     assert "not applicable" in report.stdout or "did not apply" in report.stdout, report.stdout[:2000]
+
+
+def test_a_missing_python_package_fails_one_collector_not_the_recording(
+    kvcached: Server, tmp_path: Path
+) -> None:
+    """A collector whose Debian Python package is missing (pyelftools here, hidden by a
+    package of that name that cannot be imported) is reported as failed with the fix;
+    the other collectors record and nothing is left attached."""
+    shadow = tmp_path / "shadow" / "elftools"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("elftools hidden by the test")\n')
+    out = tmp_path / "p.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    with load(kvcached, 6):
+        r = subprocess.run(
+            [
+                *KVPROF,
+                "record",
+                "-p",
+                str(kvcached.pid),
+                "-o",
+                str(out),
+                "-q",
+                "-d",
+                "1",
+                "--collectors",
+                "oncpu,cachelines",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    p = Profile.load(out)
+    assert p.status.collectors["oncpu"].startswith("failed: oncpu cannot load"), p.status.collectors
+    assert "scripts/provision.sh" in p.status.collectors["oncpu"]
+    assert p.status.collectors["cachelines"] == "ok", p.status.collectors
+    assert_nothing_attached(kvcached)

@@ -64,7 +64,10 @@ def alive(pid: int) -> bool:
 
 
 def _collector_class(name: str) -> Any:
-    module = importlib.import_module(f"kvprof.collect.{name}")
+    try:
+        module = importlib.import_module(f"kvprof.collect.{name}")
+    except ImportError as e:  # a Python package it needs from Debian is missing
+        raise CollectError(f"{name} cannot load ({e}): run scripts/provision.sh") from None
     for attr in vars(module).values():
         if (
             isinstance(attr, type)
@@ -111,7 +114,11 @@ class Session:
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         try:
             for name in self.names:
-                collector = _collector_class(name)(self.pid, self.opts)
+                try:
+                    collector = _collector_class(name)(self.pid, self.opts)
+                except CollectError as e:
+                    self.status.collectors[name] = f"failed: {e}"
+                    continue
                 reason = collector.applies()
                 if reason is not None:
                     self.status.collectors[name] = f"not applicable: {reason}"
@@ -151,7 +158,12 @@ class Session:
         only the part since it attached."""
         if name not in ALL_COLLECTORS:
             raise CollectError(f"unknown collector {name!r}: choose from {', '.join(ALL_COLLECTORS)}")
-        collector = _collector_class(name)(self.pid, self.opts)
+        try:
+            collector = _collector_class(name)(self.pid, self.opts)
+        except CollectError as e:
+            with self._lock:
+                self.status.collectors[name] = f"failed: {e}"
+            return f"failed: {e}"
         reason = collector.applies()
         if reason is not None:
             state = f"not applicable: {reason}"
