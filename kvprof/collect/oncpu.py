@@ -34,6 +34,24 @@ def load_error(source: Path, e: Exception) -> str:
     return f"cannot load {source.name}: {lines[-1] if lines else type(e).__name__}"
 
 
+def attach_cpu_clock(bpf: Any, hz: int, who: str) -> None:
+    """Attach the program's `on_sample` to a cpu-clock event at `hz` on every CPU
+    (cpu=-1: BCC opens one event per online CPU, each counting every task)."""
+    try:
+        bpf.attach_perf_event(
+            ev_type=PerfType.SOFTWARE,
+            ev_config=PerfSWConfig.CPU_CLOCK,
+            fn_name=b"on_sample",
+            sample_freq=hz,
+            cpu=-1,
+        )
+    except Exception as e:
+        raise CollectError(
+            f"{who}: cannot open cpu-clock perf events ({e}); run as root, "
+            "or lower /proc/sys/kernel/perf_event_paranoid"
+        ) from None
+
+
 def percpu_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
     """A BPF_PERCPU_ARRAY of u64 counters, summed over CPUs, by name."""
     return {name: int(table.sum(table.Key(i)).value) for i, name in enumerate(names)}
@@ -97,22 +115,12 @@ class OnCpuCollector:
             raise CollectError(f"oncpu: {load_error(SOURCE, e)}") from None
         try:
             self._unwinder.load(self._bpf)
-            # cpu=-1: BCC opens one event per online CPU, each counting every task.
-            self._bpf.attach_perf_event(
-                ev_type=PerfType.SOFTWARE,
-                ev_config=PerfSWConfig.CPU_CLOCK,
-                fn_name=b"on_sample",
-                sample_freq=self.opts.hz,
-                cpu=-1,
-            )
+            attach_cpu_clock(self._bpf, self.opts.hz, "oncpu")
         except BaseException as e:
             self.close()
-            if not isinstance(e, Exception):
-                raise
-            raise CollectError(
-                f"oncpu: cannot open cpu-clock perf events ({e}); run as root, "
-                "or lower /proc/sys/kernel/perf_event_paranoid"
-            ) from None
+            if isinstance(e, Exception) and not isinstance(e, CollectError):
+                raise CollectError(f"oncpu: cannot push the unwind tables ({e})") from None
+            raise
 
     def _read(self) -> _Snapshot:
         self._names.refresh()

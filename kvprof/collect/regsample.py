@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bcc import BPF, PerfSWConfig, PerfType
+from bcc import BPF
 
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
-from kvprof.collect.oncpu import load_error, percpu_counters, warn
+from kvprof.collect.oncpu import attach_cpu_clock, load_error, percpu_counters, warn
 from kvprof.collect.symbols import ThreadNames
 from kvprof.model.profile import AddressSample, Profile, SampledAddresses, ThreadInfo
 
@@ -102,21 +102,10 @@ class RegsampleCollector:
         except Exception as e:
             raise CollectError(f"regsample: {load_error(SOURCE, e)}") from None
         try:
-            self._bpf.attach_perf_event(
-                ev_type=PerfType.SOFTWARE,
-                ev_config=PerfSWConfig.CPU_CLOCK,
-                fn_name=b"on_sample",
-                sample_freq=self.opts.hz,
-                cpu=-1,
-            )
-        except BaseException as e:
+            attach_cpu_clock(self._bpf, self.opts.hz, "regsample")
+        except BaseException:
             self.close()
-            if not isinstance(e, Exception):
-                raise
-            raise CollectError(
-                f"regsample: cannot open cpu-clock perf events ({e}); run as root, "
-                "or lower /proc/sys/kernel/perf_event_paranoid"
-            ) from None
+            raise
 
     def _new_samples(self) -> list[_Raw]:
         """Ring slots written since the last read, oldest first; counts the overwritten."""
