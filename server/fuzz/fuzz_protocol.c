@@ -47,7 +47,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = 256, .cpu_affinity = "",
     };
     kv_thread_idx = 0;
-    if (stats_setup(1) != 0 || sites_setup(1, modes) != 0 || items_setup(MEM_LIMIT, ITEM_SIZE_MAX) != 0)
+    if (stats_setup(1) != 0 || sites_setup(1, modes) != 0 || items_setup(MEM_LIMIT, ITEM_SIZE_MAX, KEY_COMPARE_INLINE) != 0)
         abort();
     return 0;
 }
