@@ -75,8 +75,9 @@ def main() -> int:
             print(f"  record -d 2, run {i + 1}: attached after {m['attached']:5.2f} s, exit after "
                   f"{m['exit']:5.2f} s  ({text})", flush=True)  # fmt: skip
         att = [m["attached"] for m in full]
-        print(f"record -d 2: attached after median {statistics.median(att):.2f} s (min {min(att):.2f}, max "
-              f"{max(att):.2f}); exit after median {statistics.median(m['exit'] for m in full):.2f} s")  # fmt: skip
+        exits = [m["exit"] for m in full]
+        print(f"record -d 2: attached after median {statistics.median(att):.2f} s (min {min(att):.2f}, "
+              f"max {max(att):.2f}); exit after median {statistics.median(exits):.2f} s")  # fmt: skip
         if not a.no_each:
             print("each collector alone (record --collectors NAME -d 0.1), seconds to 'attached':")
             for name in ALL_COLLECTORS:

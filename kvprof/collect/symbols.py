@@ -47,6 +47,11 @@ class Symbolizer:
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
+        # A stored stack never changes (no BPF_F_REUSE_STACKID; `ustacks` is keyed by the
+        # stack's hash): a live view reads the same stacks every second, so each is walked
+        # and named once.
+        self._stacks: dict[tuple[int, int, bool], list[str]] = {}
+        self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
 
     def warm(self) -> None:
         """Read the target's memory map now, while it runs: BCC loads each
@@ -92,10 +97,14 @@ class Symbolizer:
     def unwound(self, ips: list[int], reason: str) -> list[str]:
         """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
         a walk that stopped before the root starts with its marker."""
-        frames = [self.user(a) for a in reversed(ips)]
-        if reason != "root":
-            frames.insert(0, MARKERS[reason])
-        return frames
+        key = (tuple(ips), reason)
+        frames = self._unwound.get(key)
+        if frames is None:
+            frames = [self.user(a) for a in reversed(ips)]
+            if reason != "root":
+                frames.insert(0, MARKERS[reason])
+            self._unwound[key] = frames
+        return list(frames)
 
     def kernel(self, addr: int) -> str:
         frame = self._kernel.get(addr)
@@ -109,13 +118,19 @@ class Symbolizer:
         """Frames of a stack id from a BPF_STACK_TRACE table, root first; [] for a failed id."""
         if stack_id < 0:
             return []
-        try:
-            addrs = list(table.walk(stack_id))
-        except KeyError:
-            return []
-        if not kernel:
-            return [self.user(a) for a in reversed(addrs)]
-        return without_tracing([self.kernel(a) for a in reversed(addrs)])
+        key = (int(table.map_fd), int(stack_id), kernel)
+        frames = self._stacks.get(key)
+        if frames is None:
+            try:
+                addrs = list(table.walk(stack_id))
+            except KeyError:
+                return []
+            if kernel:
+                frames = without_tracing([self.kernel(a) for a in reversed(addrs)])
+            else:
+                frames = [self.user(a) for a in reversed(addrs)]
+            self._stacks[key] = frames
+        return list(frames)
 
 
 class DataNames:
