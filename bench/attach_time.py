@@ -7,7 +7,10 @@ Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, then:
    command to its "attached N collectors" line, and to its exit;
 2. each default collector alone (`record --collectors NAME -d 0.1`): the
    seconds to its "attached" line, which is mostly that collector's BCC
-   compile (the Python start-up and the kvs probe lookup are in every row).
+   compile (the Python start-up and the kvs probe lookup are in every row);
+3. `kvprof top -p PID` in a 132x40 pseudo-terminal, --runs times: the
+   seconds to the first finding on screen (`topkeys`, the demo server's
+   hottest lock) and to "N collectors ✓" (every collector attached).
 
 Run it under the benchmark lock so no other measurement overlaps:
 
@@ -17,6 +20,7 @@ Run it under the benchmark lock so no other measurement overlaps:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -53,10 +57,31 @@ def timed_record(pid: int, out: Path, extra: list[str]) -> tuple[dict[str, float
     return marks, next((x.strip() for x in lines if "attached" in x), "")
 
 
+def timed_top(pid: int) -> tuple[float, float]:
+    """Seconds from starting `kvprof top -p PID` to its first finding and to all attached."""
+    from top_cpu import Screen  # bench/top_cpu.py, next to this file
+
+    t0 = time.monotonic()
+    screen = Screen([sys.executable, "-m", "kvprof.cli", "top", "-p", str(pid)])
+    try:
+        first = math.nan
+        while time.monotonic() - t0 < 120 and not screen.seen_attached.is_set():
+            if math.isnan(first) and b"topkeys" in screen.tail:
+                first = time.monotonic() - t0
+            time.sleep(0.05)
+        attached = time.monotonic() - t0 if screen.seen_attached.is_set() else math.nan
+        if math.isnan(first) and b"topkeys" in screen.tail:
+            first = attached
+        return first, attached
+    finally:
+        screen.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="full `record -d 2` runs (default 3)")
     ap.add_argument("--no-each", action="store_true", help="skip the per-collector rows")
+    ap.add_argument("--no-top", action="store_true", help="skip the `kvprof top` rows")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("attach_time: needs root (kvprof record loads BPF programs)", file=sys.stderr)
@@ -83,6 +108,11 @@ def main() -> int:
             for name in ALL_COLLECTORS:
                 m, _ = timed_record(server.pid, tmp / f"{name}.json.gz", ["--collectors", name, "-d", "0.1"])
                 print(f"  {name:<11} {m['attached']:5.2f} s", flush=True)
+        if not a.no_top:
+            for i in range(a.runs):
+                first, attached = timed_top(server.pid)
+                print(f"  top -p, run {i + 1}: first finding (topkeys) after {first:5.2f} s, every collector "
+                      f"attached after {attached:5.2f} s", flush=True)  # fmt: skip
         return 0
     finally:
         load.stop()
