@@ -47,10 +47,8 @@ class Symbolizer:
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
-        # A stored stack never changes (no BPF_F_REUSE_STACKID; `ustacks` is keyed by the
-        # stack's hash): a live view reads the same stacks every second, so each is walked
-        # and named once.
-        self._stacks: dict[tuple[int, int, bool], list[str]] = {}
+        # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
+        # view reads the same stacks every second, so each is named once.
         self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
 
     def warm(self) -> None:
@@ -118,19 +116,13 @@ class Symbolizer:
         """Frames of a stack id from a BPF_STACK_TRACE table, root first; [] for a failed id."""
         if stack_id < 0:
             return []
-        key = (int(table.map_fd), int(stack_id), kernel)
-        frames = self._stacks.get(key)
-        if frames is None:
-            try:
-                addrs = list(table.walk(stack_id))
-            except KeyError:
-                return []
-            if kernel:
-                frames = without_tracing([self.kernel(a) for a in reversed(addrs)])
-            else:
-                frames = [self.user(a) for a in reversed(addrs)]
-            self._stacks[key] = frames
-        return list(frames)
+        try:
+            addrs = list(table.walk(stack_id))
+        except KeyError:
+            return []
+        if not kernel:
+            return [self.user(a) for a in reversed(addrs)]
+        return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 
 class DataNames:
