@@ -37,8 +37,12 @@ and the benchmark is built around both:
   runs. (USDT traps add ~0.5 µs per probe hit in the kernel, outside that
   count.)
 
+`--watch top` attaches `kvprof top -p PID` instead (in a pseudo-terminal,
+its default 1 s refresh: it reads every map each second) and prints the
+TUI process's own CPU too.
+
     sudo .venv/bin/python bench/overhead.py [--pairs 60] [--seconds 2] [--load-threads 1]
-                                            [--preset baseline|fixed] [--reattach]
+                                            [--preset baseline|fixed] [--reattach] [--watch top]
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Run:
     rt_before: float  # cache-line round trip before and after the run (placement)
     rt_after: float
     bpf: dict[str, tuple[int, int]]  # record's BPF programs during the run: type -> (ns, runs)
+    watcher_cpu_s: float  # CPU seconds the attached kvprof process (record or top) used during the run
 
 
 def bpf_programs(pid: int | None) -> Programs:
@@ -123,19 +128,23 @@ def kvload(server: Server, seconds: float, placement: Placement, record_pid: int
     rt0 = placement.probe()
     progs = bpf_programs(record_pid)
     cpu = process_cpu_s(server.pid)
+    watcher = process_cpu_s(record_pid) if record_pid else 0.0
     out = subprocess.run(
         [str(kvload_binary()), f"--server={server.address}", f"--duration={seconds}", "--no-population",
          "--json", "--quiet", *LOAD],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
     used = process_cpu_s(server.pid) - cpu
+    watcher = process_cpu_s(record_pid) - watcher if record_pid else 0.0
     bpf = bpf_delta(progs, bpf_programs(record_pid))
     rt1 = placement.probe()
     if out.returncode != 0:
         raise SystemExit(f"overhead: kvload failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     ops = int(result["ops"])
-    return Run(result["ops_per_sec"], used * 1e6 / max(1, ops), ops, result["duration_s"], rt0, rt1, bpf)
+    return Run(
+        result["ops_per_sec"], used * 1e6 / max(1, ops), ops, result["duration_s"], rt0, rt1, bpf, watcher
+    )
 
 
 @contextmanager
@@ -154,6 +163,25 @@ def recording(pid: int, tmp: str, collectors: str) -> Iterator[int]:
     finally:
         rec.send_signal(signal.SIGINT)
         rec.communicate(timeout=60)
+
+
+@contextmanager
+def watching(pid: int, tmp: str, collectors: str) -> Iterator[int]:
+    """`kvprof top -p PID` (default 1 s refresh) in a 132x40 pseudo-terminal, as a user
+    runs it, once every collector is attached (its status line says so); its PID."""
+    from top_cpu import Screen  # bench/top_cpu.py, next to this file
+
+    argv = [sys.executable, "-m", "kvprof.cli", "top", "-p", str(pid)]
+    if collectors:
+        argv += ["--collectors", collectors]
+    screen = Screen(argv)
+    try:
+        if not screen.seen_attached.wait(180):
+            raise SystemExit("overhead: kvprof top did not attach every collector within 180 s")
+        time.sleep(2.0)  # its first full refreshes after the last attach
+        yield screen.proc.pid
+    finally:
+        screen.stop()
 
 
 def placement_class(run: Run, threshold: float) -> str:
@@ -209,7 +237,7 @@ def bpf_line(label: str, runs: list[Run]) -> str:
     )
 
 
-def report(pairs: list[tuple[Run, Run]]) -> None:
+def report(pairs: list[tuple[Run, Run]], watch: str = "record") -> None:
     readings = [x for a, b in pairs for r in (a, b) for x in (r.rt_before, r.rt_after) if x == x]
     low, high = min(readings, default=1.0), max(readings, default=1.0)
     # one placement when every reading is alike; else near/far split at the geometric middle
@@ -230,10 +258,15 @@ def report(pairs: list[tuple[Run, Run]]) -> None:
     for where in ("near", "far"):
         both = [p for p, c in zip(pairs, classes, strict=True) if c == (where, where)]
         summary(f"  of which {where}", both)
-    print(bpf_line("record's BPF programs during the 'with' runs", [b for _, b in pairs]))
+    print(bpf_line(f"{watch}'s BPF programs during the 'with' runs", [b for _, b in pairs]))
     print(
         bpf_line("and during the 'without' runs (its cost to the rest of the machine)", [a for a, _ in pairs])
     )
+    runs = [r for p in pairs for r in p]
+    seconds = sum(r.seconds for r in runs)
+    if seconds > 0:
+        share = sum(r.watcher_cpu_s for r in runs) / seconds
+        print(f"kvprof {watch} process itself (utime+stime, BPF map reads included): {share:.1%} of one core")
 
 
 def side_by_side(args: argparse.Namespace, placement: Placement, tmp: str, sample: list[str]) -> None:
@@ -251,16 +284,18 @@ def side_by_side(args: argparse.Namespace, placement: Placement, tmp: str, sampl
             ]
             subprocess.run(populate, check=True, stdout=subprocess.DEVNULL)
         print(
-            f"kvcached PID {profiled.pid} with record attached, PID {control.pid} without ({args.preset}, "
+            f"kvcached PID {profiled.pid} with {args.watch} attached, PID {control.pid} without "
+            f"({args.preset}, "
             f"2 workers each); kvload {' '.join(LOAD)}"
         )
         print(
             f"{args.pairs} pairs of {args.seconds:g} s runs alternating A B, B A, ...; collectors: "
             f"{args.collectors or 'all'}; probe: cache-line round trip between {placement.where}"
         )
-        header()
+        header(args.watch)
         pairs = []
-        with recording(profiled.pid, tmp, args.collectors) as rec:
+        attached = watching if args.watch == "top" else recording
+        with attached(profiled.pid, tmp, args.collectors) as rec:
             for i in range(args.pairs):
                 if i % 2 == 0:
                     a = kvload(control, args.seconds, placement, rec)
@@ -270,7 +305,7 @@ def side_by_side(args: argparse.Namespace, placement: Placement, tmp: str, sampl
                     a = kvload(control, args.seconds, placement, rec)
                 pairs.append((a, b))
                 print_pair(i + 1, a, b)
-        report(pairs)
+        report(pairs, args.watch)
     finally:
         for server in (profiled, control):
             server.stop()
@@ -302,8 +337,8 @@ def reattach(args: argparse.Namespace, placement: Placement, tmp: str, sample: l
         server.log_path.unlink(missing_ok=True)
 
 
-def header() -> None:
-    print(f"{'pair':>4} {'without ops/s':>14} {'with record':>14} {'ratio':>7} {'server CPU µs/op':>18}"
+def header(watch: str = "record") -> None:
+    print(f"{'pair':>4} {'without ops/s':>14} {'with ' + watch:>14} {'ratio':>7} {'server CPU µs/op':>18}"
           f" {'round trips ns':>22}")  # fmt: skip
 
 
@@ -318,6 +353,12 @@ def main() -> int:
     ap.add_argument("--preset", default="baseline", choices=("baseline", "fixed"), help="kvcached's preset")
     ap.add_argument("--reattach", action="store_true", help="one server, record attached anew for each pair")
     ap.add_argument(
+        "--watch",
+        default="record",
+        choices=("record", "top"),
+        help="what is attached: kvprof record (default), or kvprof top in a pseudo-terminal",
+    )
+    ap.add_argument(
         "--load-threads",
         type=int,
         default=1,
@@ -325,6 +366,9 @@ def main() -> int:
     )
     args = ap.parse_args()
     LOAD.insert(0, f"--num-threads={args.load_threads}")
+    if args.watch == "top" and args.reattach:
+        print("overhead: --reattach measures record only", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)
         return 2

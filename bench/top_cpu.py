@@ -8,7 +8,8 @@ a share of one core, with the attach phase (compiling five BPF programs)
 shown separately. Needs root. The target: under 10 % of one core. It also
 prints the server's ops/s over the same length of time before the TUI started
 and while it watched (one pair: a rough figure; bench/overhead.py is the
-careful measure of what the collectors cost).
+careful measure of what the collectors cost; `bench/overhead.py --watch
+top` measures top itself that way).
 
     sudo .venv/bin/python bench/top_cpu.py [--seconds 30] [--interval 1]
 """

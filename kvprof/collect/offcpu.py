@@ -65,6 +65,7 @@ class OffCpuCollector:
         self._bpf: Any = None
         self._unwinder = unwind.Unwinder(pid)
         self._symbols = Symbolizer(pid, self._unwinder)
+        self._ustacks: dict[int, tuple[list[int], str]] = {}  # what was read of `ustacks`
         self._data = DataNames(pid, self._unwinder)
         self._names = ThreadNames(pid)
         self._last = _Snapshot()
@@ -116,7 +117,7 @@ class OffCpuCollector:
         self._names.refresh()
         bpf = self._bpf
         stacks = bpf[b"stacks"]
-        ustacks = unwind.read_stacks(bpf[b"ustacks"])
+        ustacks = unwind.read_stacks(bpf[b"ustacks"], self._ustacks)
         scale = max(1, self.opts.offcpu_sample)
         off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         for key, value in bpf[b"offcpu"].items():

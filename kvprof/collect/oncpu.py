@@ -79,6 +79,7 @@ class OnCpuCollector:
         self._bpf: Any = None
         self._unwinder = unwind.Unwinder(pid)
         self._symbols = Symbolizer(pid, self._unwinder)
+        self._ustacks: dict[int, tuple[list[int], str]] = {}  # what was read of `ustacks`
         self._names = ThreadNames(pid)
         self._last = _Snapshot()
 
@@ -126,7 +127,7 @@ class OnCpuCollector:
         self._names.refresh()
         bpf = self._bpf
         stacks = bpf[b"stacks"]
-        ustacks = unwind.read_stacks(bpf[b"ustacks"])
+        ustacks = unwind.read_stacks(bpf[b"ustacks"], self._ustacks)
         comms = {
             int(k.value): bytes(v.name).split(b"\0", 1)[0].decode(errors="replace")
             for k, v in bpf[b"comms"].items()

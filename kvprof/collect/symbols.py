@@ -47,6 +47,9 @@ class Symbolizer:
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
+        # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
+        # view reads the same stacks every second, so each is named once.
+        self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
 
     def warm(self) -> None:
         """Read the target's memory map now, while it runs: BCC loads each
@@ -92,12 +95,16 @@ class Symbolizer:
     def unwound(self, ips: list[int], reason: str) -> list[str]:
         """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
         a walk that stopped before the root starts with its marker."""
-        frames = [self.user(a) for a in reversed(ips)]
         if reason == "outside known code" and self.unwinder and self.unwinder.did_not_fit(ips[-1]):
             reason = "table full"  # known code whose pages did not fit: [truncated]
-        if reason != "root":
-            frames.insert(0, MARKERS[reason])
-        return frames
+        key = (tuple(ips), reason)
+        frames = self._unwound.get(key)
+        if frames is None:
+            frames = [self.user(a) for a in reversed(ips)]
+            if reason != "root":
+                frames.insert(0, MARKERS[reason])
+            self._unwound[key] = frames
+        return list(frames)
 
     def kernel(self, addr: int) -> str:
         frame = self._kernel.get(addr)

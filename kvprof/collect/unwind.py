@@ -445,13 +445,21 @@ class Unwinder:
         return None
 
 
-def read_stacks(table: Any) -> dict[int, tuple[list[int], str]]:
-    """The `ustacks` map: key -> (ips leaf first, why the walk stopped)."""
-    out = {}
-    for key, value in table.items():
+def read_stacks(table: Any, known: dict[int, tuple[list[int], str]]) -> dict[int, tuple[list[int], str]]:
+    """The `ustacks` map: key -> (ips leaf first, why the walk stopped), added to
+    `known` and returned. An entry never changes once stored (its key is the
+    stack's hash), so only the keys not in `known` are looked up: a live view
+    reads the map every second."""
+    for key in table:
+        if int(key.value) in known:
+            continue
+        try:
+            value = table[key]
+        except KeyError:
+            continue
         n = min(int(value.len), UNWIND_FRAMES)
-        out[int(key.value)] = (
+        known[int(key.value)] = (
             [int(value.ips[i]) for i in range(n)],
             STOP_REASONS[min(int(value.reason), len(STOP_REASONS) - 1)],
         )
-    return out
+    return known

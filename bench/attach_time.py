@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""How long `kvprof record` takes to attach its collectors, and what each costs.
+
+Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, then:
+
+1. `kvprof record -p PID -d 2`, --runs times: the seconds from starting the
+   command to its "attached N collectors" line, and to its exit;
+2. each default collector alone (`record --collectors NAME -d 0.1`): the
+   seconds to its "attached" line, which is mostly that collector's BCC
+   compile (the Python start-up and the kvs probe lookup are in every row);
+3. `kvprof top -p PID` in a 132x40 pseudo-terminal, --runs times: the
+   seconds to the first finding on screen (`topkeys`, the demo server's
+   hottest lock) and to "N collectors ✓" (every collector attached).
+
+Run it under the benchmark lock so no other measurement overlaps:
+
+    flock /tmp/kvprof-bench.lock sudo .venv/bin/python bench/attach_time.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kvprof import demo  # noqa: E402
+from kvprof.collect.session import ALL_COLLECTORS  # noqa: E402
+from kvprof.target import start_kvcached  # noqa: E402
+
+
+def timed_record(pid: int, out: Path, extra: list[str]) -> tuple[dict[str, float], str]:
+    """Seconds from start to record's "attached" line and to its exit; that line."""
+    argv = [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-o", str(out), *extra]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stderr is not None
+    marks: dict[str, float] = {}
+    lines = []
+    for line in proc.stderr:
+        lines.append(line.rstrip())
+        now = time.monotonic() - t0
+        if "attached" in line and "attached" not in marks:
+            marks["attached"] = now
+    marks["exit"] = time.monotonic() - t0
+    if proc.wait() != 0 or "attached" not in marks:
+        print(f"attach_time: {' '.join(argv)} failed: {' | '.join(lines[-3:])}", file=sys.stderr)
+        marks.setdefault("attached", float("nan"))
+    return marks, next((x.strip() for x in lines if "attached" in x), "")
+
+
+def timed_top(pid: int) -> tuple[float, float]:
+    """Seconds from starting `kvprof top -p PID` to its first finding and to all attached."""
+    from top_cpu import Screen  # bench/top_cpu.py, next to this file
+
+    t0 = time.monotonic()
+    screen = Screen([sys.executable, "-m", "kvprof.cli", "top", "-p", str(pid)])
+    try:
+        first = math.nan
+        while time.monotonic() - t0 < 120 and not screen.seen_attached.is_set():
+            if math.isnan(first) and b"topkeys" in screen.tail:
+                first = time.monotonic() - t0
+            time.sleep(0.05)
+        attached = time.monotonic() - t0 if screen.seen_attached.is_set() else math.nan
+        if math.isnan(first) and b"topkeys" in screen.tail:
+            first = attached
+        return first, attached
+    finally:
+        screen.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3, help="full `record -d 2` runs (default 3)")
+    ap.add_argument("--no-each", action="store_true", help="skip the per-collector rows")
+    ap.add_argument("--no-top", action="store_true", help="skip the `kvprof top` rows")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("attach_time: needs root (kvprof record loads BPF programs)", file=sys.stderr)
+        return 2
+    server = start_kvcached(["--preset", "baseline", "-t", "2"])
+    load = demo.start_load(server.address, None)
+    tmp = Path(tempfile.mkdtemp(prefix="kvprof-attach-"))
+    try:
+        time.sleep(2.0)  # kvload populates its keys first
+        print(f"kvcached PID {server.pid} (baseline, 2 workers) under the demo load; load average "
+              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        full = []
+        for i in range(a.runs):
+            m, text = timed_record(server.pid, tmp / "full.json.gz", ["-d", "2"])
+            full.append(m)
+            print(f"  record -d 2, run {i + 1}: attached after {m['attached']:5.2f} s, exit after "
+                  f"{m['exit']:5.2f} s  ({text})", flush=True)  # fmt: skip
+        att = [m["attached"] for m in full]
+        exits = [m["exit"] for m in full]
+        print(f"record -d 2: attached after median {statistics.median(att):.2f} s (min {min(att):.2f}, "
+              f"max {max(att):.2f}); exit after median {statistics.median(exits):.2f} s")  # fmt: skip
+        if not a.no_each:
+            print("each collector alone (record --collectors NAME -d 0.1), seconds to 'attached':")
+            for name in ALL_COLLECTORS:
+                m, _ = timed_record(server.pid, tmp / f"{name}.json.gz", ["--collectors", name, "-d", "0.1"])
+                print(f"  {name:<11} {m['attached']:5.2f} s", flush=True)
+        if not a.no_top:
+            for i in range(a.runs):
+                first, attached = timed_top(server.pid)
+                print(f"  top -p, run {i + 1}: first finding (topkeys) after {first:5.2f} s, every collector "
+                      f"attached after {attached:5.2f} s", flush=True)  # fmt: skip
+        return 0
+    finally:
+        load.stop()
+        load.cleanup()
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
