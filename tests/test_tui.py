@@ -257,3 +257,29 @@ def test_target_exit_shows_a_banner_and_keeps_the_data(tmp_path: Path) -> None:
     drive(app, script)
     app.wait_closed()
     assert source.closed
+
+
+def test_top_ends_when_its_terminal_goes_away_without_a_hangup() -> None:
+    """A pseudo-terminal that is not top's controlling terminal closes (a harness or a
+    multiplexer died): no SIGHUP comes, and top must still end instead of spinning."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*KVPROF, "top", "--replay", str(FIXTURE)], stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    try:
+        drawn = b""
+        deadline = time.monotonic() + 60
+        while b"Overview" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+            drawn += os.read(master, 65536)
+        assert b"Overview" in drawn, drawn[-500:]
+        os.close(master)
+        proc.wait(timeout=60)  # bounded: the check runs every second
+        assert proc.returncode == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

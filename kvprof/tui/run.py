@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +21,7 @@ from kvprof.model.profile import ProfileError
 if TYPE_CHECKING:
     from kvprof.tui.sources import Source
 
+TERMINAL_CHECK_S = 1.0  # how often top looks whether its terminal is still there
 LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching is not done
 DOCTOR_HINT = "`kvprof doctor` checks the kernel, BPF, headers and tracefs and says what to fix"
 
@@ -95,7 +99,6 @@ def _main(opts: TopOptions) -> int:
 
 
 def _demo(opts: TopOptions) -> int:
-    import threading
 
     from kvprof import demo
     from kvprof.target import TargetError, kvload_binary, start_kvcached
@@ -136,7 +139,7 @@ def _demo(opts: TopOptions) -> int:
         file=sys.stderr,
     )
     try:
-        status = _run(source, opts)
+        status = _run(source, opts, cleanup=server.stop)
     finally:
         source.close()
         done.set()
@@ -151,10 +154,37 @@ def _demo(opts: TopOptions) -> int:
     return status
 
 
-def _run(source: Source, opts: TopOptions) -> int:
+def _terminal_gone() -> bool:
+    """Whether the terminal on stdin or stdout has gone away: a pseudo-terminal whose
+    other end was closed shows as '/dev/pts/N (deleted)'."""
+    for fd in (0, 1):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(" (deleted)"):
+                return True
+        except OSError:
+            return True
+    return False
+
+
+def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> None:
+    """End kvprof when its terminal goes away without a SIGHUP (a pseudo-terminal that
+    was not its controlling terminal): Textual then spins on the dead terminal and
+    never returns. Detach, stop what --demo started, and exit."""
+    while not _terminal_gone():
+        time.sleep(TERMINAL_CHECK_S)
+    try:
+        source.close()
+        if cleanup is not None:
+            cleanup()
+    finally:
+        os._exit(1)
+
+
+def _run(source: Source, opts: TopOptions, cleanup: Callable[[], object] | None = None) -> int:
     from kvprof.tui.app import TopApp
 
     source.start()  # attaching takes seconds: begin before the screen is set up
+    threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()
     app = TopApp(source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True)
     try:
         app.run()
