@@ -244,3 +244,26 @@ def test_command_wrong_field_types(tmp_path: Path) -> None:
 def test_command_directory(tmp_path: Path) -> None:
     """A directory instead of a file: one line, exit 2."""
     assert_one_line_error(kvprof("report", str(tmp_path)), "directory")
+
+
+# ---- the command's text on the profiles kept in tests/ (pinned before issue 15's restructuring)
+
+PROFILES = {
+    "flame-small": REPO / "tests" / "golden" / "flame-small.json",
+    "top-baseline": REPO / "tests" / "fixtures" / "top-baseline.json",
+    "false-share": REPO / "tests" / "fixtures" / "false-share.json",
+}
+OPTIONS = {"": (), "top30": ("--top", "30"), "json": ("--json",), "top3": ("--top", "3")}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_report_command_output_is_unchanged(name: str, option: str) -> None:
+    """`kvprof report FILE [OPTION]` prints byte for byte what it printed when the
+    golden files were made (regenerate with KVPROF_REGEN_GOLDEN=1, and say why)."""
+    r = kvprof("report", str(PROFILES[name]), *OPTIONS[option])
+    assert r.returncode == 0, r.stderr
+    path = GOLDEN / "report" / f"{name}{'.' + option if option else ''}.txt"
+    if os.environ.get("KVPROF_REGEN_GOLDEN"):
+        path.write_text(r.stdout)
+    assert r.stdout == path.read_text()
