@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from kvprof import demo  # noqa: E402
 from kvprof.collect.session import ALL_COLLECTORS  # noqa: E402
-from kvprof.target import start_kvcached  # noqa: E402
+from kvprof.system.servers import start_kvcached  # noqa: E402
 
 
 def timed_record(pid: int, out: Path, extra: list[str]) -> tuple[dict[str, float], str]:

@@ -69,7 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
-from kvprof.target import Server, kvload_binary, start_kvcached  # noqa: E402
+from kvprof.system.servers import Server, kvload_binary, start_kvcached  # noqa: E402
 
 LOAD = ["--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]  # + --num-threads
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")

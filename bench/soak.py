@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from top_cpu import Screen  # noqa: E402
 
-from kvprof.probes import ElfFile, load_bias, open_process, read_probes, read_semaphores  # noqa: E402
-from kvprof.target import Server, kvload_binary, start_kvcached  # noqa: E402
+from kvprof.collect.elf import ElfFile, load_bias, open_process, read_probes, read_semaphores  # noqa: E402
+from kvprof.system.servers import Server, kvload_binary, start_kvcached  # noqa: E402
 
 KVPROF = [sys.executable, "-m", "kvprof.cli"]
 ENDS = ("normal", "SIGINT", "SIGKILL")

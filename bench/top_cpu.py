@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvprof import demo  # noqa: E402
-from kvprof.target import start_kvcached  # noqa: E402
+from kvprof.system.servers import start_kvcached  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ATTACHED = "collectors ✓".encode()

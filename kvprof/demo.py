@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kvprof.target import Server, TargetError, die_with_parent, kvload_binary, start_kvcached
+from kvprof.system.servers import Server, TargetError, die_with_parent, kvload_binary, start_kvcached
 
 LOCK = "topkeys"  # the study's mutex around the top-keys table (`update_topkeys`)
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprof.listening import server_stats
+from kvprof.collect.server_stats import server_stats
 from kvprof.model.profile import Profile
 
 
@@ -68,7 +68,7 @@ def _record_perf(opts: RecordOptions) -> Profile:
     """On-CPU stacks only, from perf (no BPF)."""
     import platform
 
-    from kvprof import perf_backend
+    from kvprof.collect import perf as perf_backend
     from kvprof.collect.session import ALL_COLLECTORS, TargetGone, describe_target
     from kvprof.model.profile import Host, Status, Window
     from kvprof.model.topology import Topology
@@ -108,8 +108,8 @@ def _record_perf(opts: RecordOptions) -> Profile:
 def record(opts: RecordOptions) -> tuple[Profile, Path]:
     """Records and writes the profile; returns it and where it went."""
     from kvprof.collect import CollectError, CollectOptions
+    from kvprof.collect.pyspy import for_record, record_alone
     from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive
-    from kvprof.pyspy import for_record, record_alone
 
     try:  # py-spy takes the on-CPU stacks of a CPython target; BPF the rest
         spy = for_record(opts)

@@ -30,9 +30,9 @@ from typing import NamedTuple
 
 import pytest
 
+from kvprof.collect.pyspy import binary as pyspy_binary
 from kvprof.model.profile import Profile
-from kvprof.pyspy import binary as pyspy_binary
-from kvprof.target import Server, die_with_parent, kvcached_binary, start_kvcached, start_memcached
+from kvprof.system.servers import Server, die_with_parent, kvcached_binary, start_kvcached, start_memcached
 
 SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
 

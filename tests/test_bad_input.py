@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvprof.target import Server
+from kvprof.system.servers import Server
 
 MEMORY_MB = 16
 ERROR_LINE = re.compile(rb"(ERROR|CLIENT_ERROR [^\r\n]*|SERVER_ERROR [^\r\n]*)\r\n")

@@ -607,7 +607,7 @@ def _get(server: object, command: bytes) -> bytes:
 def test_kvcached_key_compare_modes() -> None:
     """--key-compare indirect finds, misses and replaces keys as inline (the default) does, and
     `stats settings` says which one runs; a bad value is one usage line, status 64."""
-    from kvprof.target import kvcached_binary, start_kvcached
+    from kvprof.system.servers import kvcached_binary, start_kvcached
 
     for args, mode in (((), "inline"), (("--key-compare", "indirect"), "indirect")):
         with start_kvcached(["-t", "1", *args]) as server:
@@ -726,7 +726,7 @@ def _git(cwd: Path, *args: str) -> str:
 def small_repo(tmp_path: Path) -> Path:
     """A new git repository holding this tree's server/ and probes/ in two commits (the second
     changes a comment), /build/ ignored as in ours."""
-    from kvprof.target import REPO
+    from kvprof import REPO
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -27,7 +27,7 @@ from conftest import bpf_frames, stop_contend
 from kvprof.collect import CollectOptions
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import parse_cpulist
-from kvprof.target import Server, kvload_binary
+from kvprof.system.servers import Server, kvload_binary
 
 pytestmark = pytest.mark.bpf
 

@@ -24,7 +24,7 @@ from kvprof.collect.requests import RequestsCollector, opcode_names
 from kvprof.collect.usdt import hist_percentile, log2_slot, probe_sample
 from kvprof.model.profile import CacheLineStat, Profile, Target
 from kvprof.model.topology import Topology
-from kvprof.target import Server, kvload_binary
+from kvprof.system.servers import Server, kvload_binary
 
 SITES = ["collect_timings", "on_create_item", "on_delete_item", "account_memory"]
 ITEMS = 2000

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvprof import doctor
 from kvprof.commands.doctor import format_check
-from kvprof.doctor import Host
+from kvprof.system import doctor
+from kvprof.system.doctor import Host
 
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = "6.18.44-test"

@@ -31,7 +31,7 @@ from kvprof.export.stacks import fold, stacks
 from kvprof.export.svg import LEGEND_COLOURS, frame_colour
 from kvprof.export.tree import Flame
 from kvprof.model.profile import CpuStack, Profile, Target, ThreadInfo, Window
-from kvprof.target import KVCACHED
+from kvprof.system.servers import KVCACHED
 
 GOLDEN = Path(__file__).parent / "golden"
 SMALL = GOLDEN / "flame-small.json"

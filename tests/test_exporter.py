@@ -29,7 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 from test_probes import semaphores
 
-from kvprof.exporter import (
+from kvprof.model.profile import Profile
+from kvprof.model.topology import Topology
+from kvprof.system.servers import Server, die_with_parent, free_port, kvload_binary
+from kvprof.views.prometheus import (
     OTHER,
     Families,
     Labeler,
@@ -38,9 +41,6 @@ from kvprof.exporter import (
     profile_metrics,
     target_metrics,
 )
-from kvprof.model.profile import Profile
-from kvprof.model.topology import Topology
-from kvprof.target import Server, die_with_parent, free_port, kvload_binary
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "top-baseline.json"

@@ -27,7 +27,7 @@ from kvprof.export.diff import SAME_BELOW
 from kvprof.export.frames import HOTSPOT
 from kvprof.export.svg import frame_colour
 from kvprof.model.profile import Profile
-from kvprof.target import Server
+from kvprof.system.servers import Server
 
 HOTSPOTS = ("collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory")
 QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after test_record's LOAD: these win

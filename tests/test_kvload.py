@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvprof.target import Server, kvload_binary
+from kvprof.system.servers import Server, kvload_binary
 
 JSON_KEYS = {
     "ops",

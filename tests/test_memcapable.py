@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvprof.target import Server
+from kvprof.system.servers import Server
 
 
 def test_memccapable_ascii_passes(kvcached_factory: Callable[..., Server]) -> None:

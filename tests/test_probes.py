@@ -32,7 +32,8 @@ from typing import Any
 import load
 import pytest
 
-from kvprof.target import REPO, Server, kvcached_binary
+from kvprof import REPO
+from kvprof.system.servers import Server, kvcached_binary
 
 KVS_D = REPO / "probes" / "kvs.d"
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")

@@ -17,8 +17,9 @@ import load
 import pytest
 from conftest import NOBODY, Unprivileged
 
-from kvprof.probes import ElfFile, open_process, read_probes
-from kvprof.target import REPO, Server, kvcached_binary
+from kvprof import REPO
+from kvprof.collect.elf import ElfFile, open_process, read_probes
+from kvprof.system.servers import Server, kvcached_binary
 
 KVS_PROBES = {
     "conn__open", "conn__close", "cmd__start", "cmd__done", "item__create", "item__delete",
@@ -87,7 +88,7 @@ def test_lists_probes_without_attaching(kvcached_factory: Callable[..., Server])
 
 def kvs_semaphores(pid: int) -> dict[str, int]:
     """Every kvs semaphore of the process, read here independently of the command."""
-    from kvprof.probes import load_bias, read_semaphores
+    from kvprof.collect.elf import load_bias, read_semaphores
 
     process = open_process(pid)
     elf = ElfFile(process.image)

@@ -20,7 +20,7 @@ import pytest
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
 
-from kvprof.target import Server
+from kvprof.system.servers import Server
 
 NONNUMERIC = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
 BAD_DELTA = b"CLIENT_ERROR invalid numeric delta argument\r\n"

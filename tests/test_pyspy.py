@@ -19,11 +19,19 @@ from pathlib import Path
 import pytest
 from conftest import Unprivileged
 
+from kvprof.collect.pyspy import (
+    READ_TRIES,
+    DumpSampler,
+    SocketTally,
+    explain,
+    first_line,
+    parse_raw,
+    python_version,
+)
+from kvprof.collect.pyspy import binary as pyspy_binary
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import Topology
-from kvprof.pyspy import READ_TRIES, DumpSampler, SocketTally, explain, first_line, parse_raw, python_version
-from kvprof.pyspy import binary as pyspy_binary
-from kvprof.target import Server, die_with_parent
+from kvprof.system.servers import Server, die_with_parent
 
 KVPROF = [sys.executable, "-m", "kvprof.cli"]
 PYCLIENT = Path(__file__).parent / "programs" / "pyclient.py"
@@ -287,7 +295,7 @@ def test_top_live_source_takes_python_stacks_from_py_spy(
 ) -> None:
     """`kvprof top -p PID` on a CPython process: the on-CPU view is py-spy's
     Python stacks (the hot function on top), off-CPU comes from BPF."""
-    from kvprof.tui.sources import LiveSource
+    from kvprof.views.tui.sources import LiveSource
 
     server = kvcached_factory("-t", "1")
     client = pyclient(server, 90)

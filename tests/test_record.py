@@ -23,7 +23,7 @@ from conftest import Unprivileged, bpf_frames, pin_workers
 from test_probes import semaphores
 
 from kvprof.model.profile import Profile
-from kvprof.target import Server, kvload_binary, start_kvcached
+from kvprof.system.servers import Server, kvload_binary, start_kvcached
 
 KVPROF = [sys.executable, "-m", "kvprof.cli"]
 # the study's shape with some sets and zipf keys; small batches keep both workers

@@ -26,8 +26,8 @@ from test_record import load, record
 from kvprof.analysis.lines import line_table
 from kvprof.collect.decode import CLOBBERED, REGS, SEGMENT, UNREADABLE, Process
 from kvprof.model.profile import Profile
-from kvprof.report import render_text
-from kvprof.target import Server
+from kvprof.system.servers import Server
+from kvprof.views.report import render_text
 
 SOURCE = Path(__file__).parent / "programs" / "false_share.c"
 SITES = ("on_create_item", "collect_timings", "account_memory")
@@ -215,12 +215,12 @@ def test_recorded_false_sharing_in_every_view() -> None:
     from test_exporter import exposition
 
     from kvprof.analysis.findings import find
-    from kvprof.exporter import Labeler, profile_metrics
     from kvprof.model.delta import delta
     from kvprof.model.topology import Topology
-    from kvprof.report import to_json
-    from kvprof.tui import data
-    from kvprof.tui.data import Sample, Timeline, build_frame
+    from kvprof.views.prometheus import Labeler, profile_metrics
+    from kvprof.views.report import to_json
+    from kvprof.views.tui import data
+    from kvprof.views.tui.data import Sample, Timeline, build_frame
 
     p = Profile.load(FIXTURE)
     p.findings = find(p)  # as this kvprof finds them

@@ -18,7 +18,7 @@ import pytest
 from test_analysis import W0, W1, baseline_profile, fixed_profile
 
 from kvprof.model.profile import CacheLineStat, Finding, LineThread, Profile, Target
-from kvprof.report import render_text, to_json
+from kvprof.views.report import render_text, to_json
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -18,11 +18,11 @@ import pytest
 from test_record import record
 from textual.widgets import Static
 
-from kvprof.listening import general_stats, ops_total, server_stats
+from kvprof.collect.server_stats import general_stats, ops_total, server_stats
 from kvprof.model.profile import Profile
-from kvprof.target import Server, start_memcached, start_redis
-from kvprof.tui.app import TopApp
-from kvprof.tui.sources import LiveSource
+from kvprof.system.servers import Server, start_memcached, start_redis
+from kvprof.views.tui.app import TopApp
+from kvprof.views.tui.sources import LiveSource
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import load
 import pytest
 
-from kvprof.target import Server, kvcached_binary
+from kvprof.system.servers import Server, kvcached_binary
 
 SITES = ["collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory"]
 FLAGS = {

@@ -19,10 +19,10 @@ from test_tui_data import halved
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
-from kvprof.tui.app import FindingScreen, HelpScreen, TopApp
-from kvprof.tui.data import Sample
-from kvprof.tui.sources import ReplaySource
-from kvprof.tui.widgets import OverviewPanel, StacksPanel
+from kvprof.views.tui.app import FindingScreen, HelpScreen, TopApp
+from kvprof.views.tui.data import Sample
+from kvprof.views.tui.sources import ReplaySource
+from kvprof.views.tui.widgets import OverviewPanel, StacksPanel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 KVPROF = [sys.executable, "-m", "kvprof.cli"]

@@ -11,10 +11,10 @@ from test_probes import assert_detached
 from test_record import load
 from textual.widgets import Static
 
-from kvprof.target import Server
-from kvprof.tui.app import TopApp
-from kvprof.tui.sources import LiveSource
-from kvprof.tui.widgets import OverviewPanel
+from kvprof.system.servers import Server
+from kvprof.views.tui.app import TopApp
+from kvprof.views.tui.sources import LiveSource
+from kvprof.views.tui.widgets import OverviewPanel
 
 DEADLINE_S = 10.0  # the promise: the topkeys lock named within 10 s of start
 

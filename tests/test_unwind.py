@@ -26,7 +26,7 @@ from kvprof.collect import CollectOptions
 from kvprof.collect.unwind import Unwinder, build_rows
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
-from kvprof.target import Server, die_with_parent, free_port, kvload_binary
+from kvprof.system.servers import Server, die_with_parent, free_port, kvload_binary
 
 pytestmark = pytest.mark.bpf
 
@@ -134,7 +134,7 @@ def test_redis_stacks_rooted_and_agree_with_perf_dwarf(started: list) -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )  # fmt: skip
         time.sleep(1)
-        from kvprof.perf_backend import record as perf_record
+        from kvprof.collect.perf import record as perf_record
 
         # perf samples the same seconds as kvprof, from its own cpu-clock events
         # 499 Hz for 6 s: ~3000 samples each, so sampling noise stays far below 5 points

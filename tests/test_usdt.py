@@ -11,7 +11,7 @@ import pytest
 from test_probes import semaphores
 
 from kvprof.collect import CollectError
-from kvprof.target import Server
+from kvprof.system.servers import Server
 
 
 @pytest.mark.bpf

@@ -23,14 +23,13 @@ from typing import TextIO
 
 import pyperf  # type: ignore[import-untyped]  # pyperf ships no type information
 
-from kvprof import __version__
+from kvprof import SERVER_BUILD, __version__
 from kvprof.bench import BenchError
 from kvprof.bench.machine import host_metadata, wait_idle
 from kvprof.bench.results import Metadata
 from kvprof.model.topology import Topology
-from kvprof.target import REPO
 
-ATOMICS_BIN = REPO / "server" / "build" / "atomics"
+ATOMICS_BIN = SERVER_BUILD / "atomics"
 MODES = ("local", "padded", "false-shared", "shared")  # local first: the reference
 SAME, CROSS = "same-socket", "cross-socket"
 ALL_COUNTS_UP_TO = 8  # every thread count up to this, then doublings and ncpu

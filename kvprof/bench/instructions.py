@@ -31,7 +31,7 @@ from kvprof.bench import BenchError
 from kvprof.bench.loadgen import kvload_argv, kvload_binary, kvload_counts, kvload_populate_argv, tail
 from kvprof.bench.machine import host_metadata
 from kvprof.bench.variants import KVCACHED, KVLOAD, Plan, Variant
-from kvprof.target import TargetError, start_kvcached
+from kvprof.system.servers import TargetError, start_kvcached
 
 DEFAULT_REQUESTS = 100_000  # measured requests per round: the long run's extra operations
 SHORT_SHARE = 4  # the short run does requests / SHORT_SHARE operations after population

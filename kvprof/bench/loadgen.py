@@ -12,11 +12,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvprof import SERVER_BUILD
 from kvprof.bench import BenchError
 from kvprof.bench.variants import ClientConfig, Variant
-from kvprof.target import REPO
 
-KVLOAD_BIN = REPO / "server" / "build" / "kvload"
+KVLOAD_BIN = SERVER_BUILD / "kvload"
 MEMCASLAP_KEY_SIZE = 16  # about kvload's key length (`kvload:12345`)
 MEMCASLAP_WINDOW = "1k"  # keys each memcaslap connection works on; its gets hit keys it has set
 MEMCASLAP_OVERWRITE = 0.9  # most sets overwrite, so the key set grows slowly

@@ -2,7 +2,7 @@
 
 Run 1 runs every variant once (A B C), run 2 again (A B C), and so on, so
 that whatever else the machine is doing hits every variant alike. Servers are
-started through `kvprof.target` on free loopback ports and stopped by PID at
+started through `kvprof.system.servers` on free loopback ports and stopped by PID at
 the end, also on Ctrl-C, SIGTERM and errors. Each load-generator run is a
 child process; its CPU time (from the kernel's accounting of reaped children)
 and the server's (from /proc) are kept with the result, so a reader can check
@@ -41,7 +41,7 @@ from kvprof.bench.loadgen import (
 from kvprof.bench.machine import children_cpu_s, cpu_times, process_cpu_s, wait_idle
 from kvprof.bench.placement import Placement
 from kvprof.bench.variants import KVLOAD, MEMCACHED, MEMCASLAP, Plan, ServerConfig, Variant
-from kvprof.target import Server, TargetError, start_kvcached, start_memcached
+from kvprof.system.servers import Server, TargetError, start_kvcached, start_memcached
 
 RUN_SLACK_S = 30.0  # a run that outlives its duration by this much is stopped and reported
 # --wait-idle: a run during which other processes, or the hypervisor's other

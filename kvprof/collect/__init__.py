@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from kvprof import REPO
 from kvprof.model.topology import Topology
 
-REPO = Path(__file__).resolve().parent.parent.parent
 PROBES_DIR = REPO / "probes"
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.collect import PROBES_DIR, CollectError
-from kvprof.probes import ElfFile, ProbesError, UsdtProbe, read_probes
+from kvprof.collect.elf import ElfFile, ProbesError, UsdtProbe, read_probes
 
 PROVIDER = "kvs"
 DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample

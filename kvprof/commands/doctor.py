@@ -49,7 +49,7 @@ def format_check(status: str, name: str, finding: str, fix: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof import doctor
+    from kvprof.system import doctor
 
     checks = doctor.run_checks(args.pid)
     if args.json:

@@ -78,7 +78,7 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.exporter import ExporterOptions, run
+    from kvprof.views.prometheus import ExporterOptions, run
 
     return run(
         ExporterOptions(

@@ -75,14 +75,14 @@ def _fail(message: str) -> int:
 def _may_attach() -> bool:
     if os.geteuid() == 0:
         return True
-    from kvprof.doctor import CAP_BPF, CAP_PERFMON, Host, _cap_eff
+    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, _cap_eff
 
     caps = _cap_eff(Host())
     return bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.probes import (
+    from kvprof.collect.elf import (
         ElfFile,
         ProbesError,
         load_bias,
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ebpf:
         from kvprof.collect import PROBES_DIR
 
-        print((PROBES_DIR / "probes_rate.bpf.c").read_text(), end="")
+        print((PROBES_DIR / "usdt_rate.bpf.c").read_text(), end="")
         return 0
     if args.pid is None:
         return _fail("give the process with -p PID")
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 "-d 0 lists the probes without counting"
             )
         from kvprof.collect import CollectError
-        from kvprof.collect.probes_rate import count_hits
+        from kvprof.collect.usdt_rate import count_hits
 
         names = probe_names(sites)
         print(

@@ -40,7 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof import report
+    from kvprof.views import report
 
     try:
         profile = Profile.load(args.file)

@@ -63,7 +63,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.tui.run import TopOptions, main
+    from kvprof.views.tui.run import TopOptions, main
 
     return main(
         TopOptions(

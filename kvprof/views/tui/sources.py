@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvprof.model.profile import Profile
-from kvprof.tui.data import Sample
+from kvprof.views.tui.data import Sample
 
 if TYPE_CHECKING:
     from kvprof.collect.session import Session
@@ -113,7 +113,7 @@ class LiveSource:
         self._stats_port: tuple[str, int] | None = None
         self._closed = False
         self.compiling = ""  # the collector being compiled and attached now
-        self._spy: Any = None  # kvprof.pyspy.DumpSampler: a CPython target's on-CPU stacks
+        self._spy: Any = None  # kvprof.collect.pyspy.DumpSampler: a CPython target's on-CPU stacks
 
     # ---- attaching (a thread of its own: compiling takes seconds) -----------------
 
@@ -192,7 +192,7 @@ class LiveSource:
         """A CPython target's on-CPU stacks come from `py-spy dump` (Python
         functions, file:line) instead of BPF; the other collectors stay. Returns
         what is left for BPF to attach."""
-        from kvprof.pyspy import DumpSampler, PySpyError, python_version
+        from kvprof.collect.pyspy import DumpSampler, PySpyError, python_version
 
         if python_version(self.pid) is None:
             return order
@@ -215,8 +215,8 @@ class LiveSource:
     # ---- reading ---------------------------------------------------------------------
 
     def _stats(self) -> dict[str, str] | None:
-        from kvprof.listening import general_stats, listening_ports
-        from kvprof.target import TargetError
+        from kvprof.collect.server_stats import general_stats, listening_ports
+        from kvprof.system.servers import TargetError
 
         ports = [self._stats_port] if self._stats_port else listening_ports(self.pid)
         for host, port in ports:

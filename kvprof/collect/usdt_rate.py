@@ -1,6 +1,6 @@
 """Hits per second of each USDT probe of a process, for `kvprof probes`.
 
-Loads probes/probes_rate.bpf.c with one handler per probe, attached to all
+Loads probes/usdt_rate.bpf.c with one handler per probe, attached to all
 its sites of the executable as usdt.KvsProgram attaches (the kernel owns the
 semaphores: they go back to 0 when the uprobes' fds close, however kvprof
 ends), and reads the per-CPU hit counters at the start and the end of the
@@ -16,8 +16,8 @@ from typing import Any
 
 from kvprof.collect import PROBES_DIR, CollectError
 
-SOURCE = PROBES_DIR / "probes_rate.bpf.c"
-MAX_PROBES = 64  # as in probes_rate.bpf.c
+SOURCE = PROBES_DIR / "usdt_rate.bpf.c"
+MAX_PROBES = 64  # as in usdt_rate.bpf.c
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ def count_hits(pid: int, probes: list[tuple[str, str]], duration: float) -> Rate
     """Attach a counter to every (provider, name) probe of PID's executable for `duration` seconds."""
     from bcc import BPF
 
+    from kvprof.collect.elf import ElfFile, ProbesError, read_probes
     from kvprof.collect.usdt import attach_site
-    from kvprof.probes import ElfFile, ProbesError, read_probes
 
     counted, skipped = probes[:MAX_PROBES], probes[MAX_PROBES:]
     try:

@@ -324,7 +324,7 @@ class Labeler:
         self.names: dict[str, str] = {}  # tid -> name, pinned when first seen
 
     def see_threads(self, profile: Profile) -> None:
-        from kvprof.pyspy import thread_cpus
+        from kvprof.collect.pyspy import thread_cpus
 
         activity = {
             tid: info.cpu_samples + info.offcpu_ns // 1_000_000 + info.lock_wait_ns // 1_000_000
@@ -554,8 +554,8 @@ class SessionCollector:
         yield from metrics
 
     def _read(self) -> list[Metric]:
+        from kvprof.collect.server_stats import server_stats
         from kvprof.collect.session import alive
-        from kvprof.listening import server_stats
 
         began = time.monotonic()
         if self.session is None or self.closed:

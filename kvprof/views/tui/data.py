@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
 from kvprof.analysis.lines import kind, line_table
-from kvprof.listening import ops_total
+from kvprof.collect.server_stats import ops_total
 from kvprof.model.delta import _hist_quantile, delta
 from kvprof.model.profile import Finding, Profile, Window
-from kvprof.report import sample_rate, socket_matrix
+from kvprof.views.report import sample_rate, socket_matrix
 
 RECENT_SAMPLES = 5  # intervals the findings and rate tables look back over
 OPS_HISTORY = 240  # sparkline points kept

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from kvprof.model.profile import ProfileError
 
 if TYPE_CHECKING:
-    from kvprof.tui.sources import Source
+    from kvprof.views.tui.sources import Source
 
 TERMINAL_CHECK_S = 1.0  # how often top looks whether its terminal is still there
 LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching is not done
@@ -72,7 +72,7 @@ def main(opts: TopOptions) -> int:
 
 
 def _main(opts: TopOptions) -> int:
-    from kvprof.tui.sources import LiveSource, ReplaySource
+    from kvprof.views.tui.sources import LiveSource, ReplaySource
 
     source: Source
     if opts.replay is not None:
@@ -101,8 +101,8 @@ def _main(opts: TopOptions) -> int:
 def _demo(opts: TopOptions) -> int:
 
     from kvprof import demo
-    from kvprof.target import TargetError, kvload_binary, start_kvcached
-    from kvprof.tui.sources import LiveSource
+    from kvprof.system.servers import TargetError, kvload_binary, start_kvcached
+    from kvprof.views.tui.sources import LiveSource
 
     try:
         kvload_binary()
@@ -181,7 +181,7 @@ def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> Non
 
 
 def _run(source: Source, opts: TopOptions, cleanup: Callable[[], object] | None = None) -> int:
-    from kvprof.tui.app import TopApp
+    from kvprof.views.tui.app import TopApp
 
     source.start()  # attaching takes seconds: begin before the screen is set up
     threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()

@@ -26,10 +26,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvprof.probes import ElfFile, ProbesError, open_process
+from kvprof import SERVER_BUILD
+from kvprof.collect.elf import ElfFile, ProbesError, open_process
 
-REPO = Path(__file__).resolve().parent.parent
-KVCACHED = REPO / "server" / "build" / "kvcached"
+KVCACHED = SERVER_BUILD / "kvcached"
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import socket
 
-from kvprof.target import TargetError, redis_info, stats
+
+class TargetError(RuntimeError):
+    """A server could not be started or queried; the message says why."""
+
 
 _TCP_LISTEN = "0A"
 
@@ -113,3 +116,55 @@ def server_stats(pid: int, groups: tuple[str, ...] = ("", "locks", "settings")) 
         if result:
             return result
     return {}
+
+
+def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:
+    """`stats [group]` over the text protocol, as a dict of name -> value."""
+    command = f"stats {group}\r\n" if group else "stats\r\n"
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            data += chunk
+            if data.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
+                raise TargetError(f"{host}:{port} answered `{data.decode(errors='replace').strip()}`")
+    result: dict[str, str] = {}
+    for line in data.decode(errors="replace").split("\r\n"):
+        if line.startswith("STAT "):
+            _, name, *value = line.split(" ", 2)
+            result[name] = value[0] if value else ""
+    return result
+
+
+def redis_info(host: str, port: int, section: str = "", timeout: float = 5.0) -> dict[str, str]:
+    """Redis `INFO [section]` (inline command, RESP bulk reply), as a dict of name -> value;
+    TargetError when the port does not answer as Redis does."""
+    command = f"INFO {section}\r\n" if section else "INFO\r\n"
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(command.encode())
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            data += chunk
+        head, _, body = data.partition(b"\r\n")
+        if not head.startswith(b"$") or not head[1:].isdigit():
+            raise TargetError(
+                f"{host}:{port} is no Redis server (answered {head[:40].decode(errors='replace')!r})"
+            )
+        size = int(head[1:])
+        while len(body) < size:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise TargetError(f"{host}:{port} closed the connection during `{command.strip()}`")
+            body += chunk
+    result: dict[str, str] = {}
+    for line in body[:size].decode(errors="replace").split("\r\n"):
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            result[name] = value
+    return result
