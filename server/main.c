@@ -8,11 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/conn.h"
 #include "core/listener.h"
 #include "core/worker.h"
 #include "cpulist.h"
 #include "protocol/process.h"
 #include "protocol/stats_out.h"
+#include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"
 #include "storage/items.h"
@@ -21,6 +23,7 @@
 
 #define EX_USAGE 64
 
+struct settings settings;
 int kv_probe_sample = 256;
 
 static void usage(FILE *out)
@@ -116,7 +119,7 @@ static void parse_cpus(const char *list)
     settings.cpu_affinity = list;
 }
 
-static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
+static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], enum key_compare *key_compare)
 {
     static const struct option longopts[] = {
         {"preset", required_argument, NULL, OPT_PRESET},
@@ -139,8 +142,9 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
         .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 256,
-        .cpu_affinity = "", .key_compare = KEY_COMPARE_INLINE,
+        .cpu_affinity = "",
     };
+    *key_compare = KEY_COMPARE_INLINE;
     while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'p': settings.port = (int)parse_long(optarg, "-p", 0, 65535); break;
@@ -173,9 +177,9 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
         case OPT_CPUS: parse_cpus(optarg); break;
         case OPT_KEYCMP:
             if (strcmp(optarg, "inline") == 0)
-                settings.key_compare = KEY_COMPARE_INLINE;
+                *key_compare = KEY_COMPARE_INLINE;
             else if (strcmp(optarg, "indirect") == 0)
-                settings.key_compare = KEY_COMPARE_INDIRECT;
+                *key_compare = KEY_COMPARE_INDIRECT;
             else
                 die_usage("--key-compare must be 'inline' or 'indirect', not '%s'", optarg);
             break;
@@ -194,10 +198,12 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
 int main(int argc, char **argv)
 {
     enum site_mode modes[SITES_MAX];
+    enum key_compare key_compare;
     int bound = 0, status = 1;
-    parse_args(argc, argv, modes);
+    parse_args(argc, argv, modes, &key_compare);
     kv_thread_idx = settings.nthreads; /* the main thread's slot */
     kv_started_ns = now_ns();
+    conn_set_handler(&protocol_handler); /* the core serves connections through the protocol's callbacks */
 
     /* bottom-up; torn down in reverse */
     if (listener_signals_setup() != 0) {
@@ -205,7 +211,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (stats_setup(settings.nthreads) != 0 || sites_setup(settings.nthreads, modes) != 0 ||
-        items_setup(settings.maxbytes, settings.item_size_max, settings.key_compare) != 0 || workers_setup(settings.nthreads) != 0) {
+        items_setup(settings.maxbytes, settings.item_size_max, key_compare) != 0 || workers_setup(settings.nthreads) != 0) {
         fprintf(stderr, "kvcached: out of memory at start-up\n");
         goto out;
     }

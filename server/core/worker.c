@@ -9,7 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "protocol/process.h"
+#include "settings.h"
 
 __thread int kv_thread_idx;
 
@@ -39,7 +39,7 @@ static void take_new_conns(worker_t *w)
         if (n == 0)
             return;
         for (size_t i = 0; i < n; i++) {
-            if (conn_new(fds[i], w) == NULL) {
+            if (conn_new(fds[i], w->loop, w->idx, &w->conns) == NULL) {
                 close(fds[i]);
                 conns_count_closed_early();
             }
