@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "core/conn.h"
 #include "core/listener.h"
 #include "core/worker.h"
@@ -20,8 +21,6 @@
 #include "storage/items.h"
 #include "trace.h"
 #include "util.h"
-
-#define EX_USAGE 64
 
 struct settings settings;
 int kv_probe_sample = 256;
@@ -52,26 +51,9 @@ static void usage(FILE *out)
             "  -h, --help            this help\n");
 }
 
-static void die_usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "kvcached: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see kvcached --help)\n");
-    exit(EX_USAGE);
-}
+static void die_usage(const char *fmt, const char *arg) { cli_die("kvcached", fmt, arg); }
 
-static long parse_long(const char *s, const char *what, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "%s must be a number from %ld to %ld, not '%%s'", what, lo, hi);
-        die_usage(msg, s);
-    }
-    return v;
-}
+static long parse_long(const char *s, const char *what, long lo, long hi) { return cli_long("kvcached", s, what, lo, hi); }
 
 static size_t parse_size(const char *s)
 {

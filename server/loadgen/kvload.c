@@ -25,9 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "cpulist.h"
 
-#define EX_USAGE 64
 #define KEY_MAX 250
 #define VERIFY_MAGIC "kvl1"
 
@@ -76,26 +76,9 @@ static void usage(FILE *out)
             "exit status: 0 ok, 1 errors or verify mismatches, 2 cannot connect, 64 bad usage\n");
 }
 
-static void die_usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "kvload: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see kvload --help)\n");
-    exit(EX_USAGE);
-}
+static void die_usage(const char *fmt, const char *arg) { cli_die("kvload", fmt, arg); }
 
-static long num_arg(const char *s, const char *name, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "%s must be a number from %ld to %ld, not '%%s'", name, lo, hi);
-        die_usage(msg, s);
-    }
-    return v;
-}
+static long num_arg(const char *s, const char *name, long lo, long hi) { return cli_long("kvload", s, name, lo, hi); }
 
 enum {
     O_SERVER = 256, O_THREADS, O_CONNS, O_BATCH, O_ITEMS, O_MIN, O_MAX, O_SETPCT, O_CYCLES, O_DURATION,
