@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "cpulist.h"
 #include "settings.h"
 
 __thread int kv_thread_idx;
@@ -54,15 +55,8 @@ static void *worker_main(void *arg)
     kv_thread_idx = w->idx;
     snprintf(name, sizeof(name), "kv-worker-%d", w->idx);
     pthread_setname_np(pthread_self(), name);
-    if (settings.ncpus > 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(settings.cpus[w->idx % settings.ncpus], &one);
-        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-        if (err != 0)
-            fprintf(stderr, "kvcached: %s: cannot pin to CPU %d: %s\n", name,
-                    settings.cpus[w->idx % settings.ncpus], strerror(err));
-    }
+    if (settings.ncpus > 0)
+        cpulist_pin_self(settings.cpus[w->idx % settings.ncpus], "kvcached", name);
 
     while (!__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
         ev_fired_t *fired;

@@ -696,13 +696,9 @@ static void *thread_main(void *arg)
 {
     struct thread *t = arg;
     if (opt.ncpus > 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(opt.cpus[t->idx % opt.ncpus], &one);
-        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-        if (err != 0)
-            fprintf(stderr, "kvload: thread %d: cannot pin to CPU %d: %s\n", t->idx, opt.cpus[t->idx % opt.ncpus],
-                    strerror(err));
+        char who[32];
+        snprintf(who, sizeof(who), "thread %d", t->idx);
+        cpulist_pin_self(opt.cpus[t->idx % opt.ncpus], "kvload", who);
     }
     for (int i = 0; i < opt.connections; i++) {
         t->conns[i].fd = connect_server();
