@@ -661,7 +661,7 @@ static void drive(struct thread *t, bool populate)
                         build_batch(t, c);
                     /* Send the next batch at once: waiting for EPOLLOUT first
                      * costs two epoll_ctl calls and a wake-up per batch, which
-                     * made unbatched kvload slower than memcaslap (measured).
+                     * made unbatched kvload slower than memcaslap (docs/bench.md).
                      * Only a full socket buffer waits for writability. */
                     ssize_t w = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
                     if (w < 0 && errno != EAGAIN && errno != EINTR)
