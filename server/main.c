@@ -23,7 +23,7 @@
 #include "util.h"
 
 struct settings settings;
-int kv_probe_sample = 256;
+int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
 
 static void usage(FILE *out)
 {
@@ -44,11 +44,12 @@ static void usage(FILE *out)
             "  --memory-counter M    account_memory: shared or per-thread\n"
             "  --key-compare K       hash lookup's key comparison: inline (length check\n"
             "                        and memcmp, default) or indirect (through a pointer)\n"
-            "  --probe-sample N      fire per-request probes for 1 request in N (default 256)\n"
+            "  --probe-sample N      fire per-request probes for 1 request in N (default %d)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
-            "  -h, --help            this help\n");
+            "  -h, --help            this help\n",
+            KV_PROBE_SAMPLE_DEFAULT);
 }
 
 static void die_usage(const char *fmt, const char *arg) { cli_die("kvcached", fmt, arg); }
@@ -123,7 +124,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
 
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
-        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 256,
+        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = KV_PROBE_SAMPLE_DEFAULT,
         .cpu_affinity = "",
     };
     *key_compare = KEY_COMPARE_INLINE;

@@ -24,6 +24,7 @@
 #include "stats/sites.h"
 #include "stats/stats.h"
 #include "storage/items.h"
+#include "trace.h"
 #include "util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -31,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* defined by main.c in kvcached */
 struct settings settings;
-int kv_probe_sample = 256;
+int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
 
 #define MEM_LIMIT (4 * 1024 * 1024)
 #define ITEM_SIZE_MAX (64 * 1024)
@@ -47,7 +48,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         modes[s] = MODE_SHARED;
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 1, .maxbytes = MEM_LIMIT, .maxconns = 16,
-        .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = 256, .cpu_affinity = "",
+        .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = KV_PROBE_SAMPLE_DEFAULT, .cpu_affinity = "",
     };
     kv_thread_idx = 0;
     if (stats_setup(1) != 0 || sites_setup(1, modes) != 0 || items_setup(MEM_LIMIT, ITEM_SIZE_MAX, KEY_COMPARE_INLINE) != 0)
