@@ -19,10 +19,10 @@
 
 typedef struct conn {
     int fd;
-    int idx;         /* the index of the worker that owns it */
-    ev_loop_t *loop; /* that worker's loop */
+    int idx;            /* the index of the worker that owns it */
+    ev_loop_t *loop;    /* that worker's loop */
     struct conn **list; /* that worker's connections, linked by prev/next */
-    bool closing;    /* flush what is pending, then close */
+    bool closing;       /* flush what is pending, then close */
     uint32_t ev_mask;
 
     char *rbuf;
