@@ -10,6 +10,7 @@ that docs/server.md describes:
 Prints one line per problem and exits 1, or exits 0 silently. --graph prints
 the module edges too. Only `#include "..."` that name a file of the tree count
 (kvs.h is generated into build/ and is left out)."""
+
 import argparse
 import re
 import sys
@@ -99,14 +100,18 @@ def upward(graph):
             for inc in graph[chain[-1]]:
                 if inc not in seen:
                     seen.add(inc)
-                    todo.append(chain + [inc])
+                    todo.append([*chain, inc])
     return found
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parent.parent / "server"),
-                    help="the server's source tree (default: server/ of this repository)")
+    ap.add_argument(
+        "root",
+        nargs="?",
+        default=str(Path(__file__).resolve().parent.parent / "server"),
+        help="the server's source tree (default: server/ of this repository)",
+    )
     ap.add_argument("--graph", action="store_true", help="print the module edges")
     args = ap.parse_args(argv)
     root = Path(args.root)
