@@ -1,12 +1,14 @@
 /* CPU lists as taskset and the kernel write them: "0,2,4-7". Shared by
- * kvcached and kvload's --cpu-affinity. */
+ * kvcached and kvload's --cpu-affinity, with the pinning of a thread. */
 #ifndef KV_CPULIST_H
 #define KV_CPULIST_H
 
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Parses `list` into cpus[] in the order given. Every CPU must be one this
  * process may run on. Returns how many, or -1 with a message in why[]. */
@@ -51,6 +53,18 @@ static inline int cpulist_parse(const char *list, int *cpus, int max, char *why,
         return -1;
     }
     return n;
+}
+
+/* Pins the calling thread to `cpu`. When it cannot, says so on stderr as
+ * "PROG: WHO: cannot pin to CPU n: why" and the thread runs unpinned. */
+static inline void cpulist_pin_self(int cpu, const char *prog, const char *who)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+    if (err != 0)
+        fprintf(stderr, "%s: %s: cannot pin to CPU %d: %s\n", prog, who, cpu, strerror(err));
 }
 
 #endif

@@ -8,20 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
+#include "core/conn.h"
 #include "core/listener.h"
 #include "core/worker.h"
 #include "cpulist.h"
 #include "protocol/process.h"
 #include "protocol/stats_out.h"
+#include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"
 #include "storage/items.h"
 #include "trace.h"
 #include "util.h"
 
-#define EX_USAGE 64
-
-int kv_probe_sample = 256;
+struct settings settings;
+int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
 
 static void usage(FILE *out)
 {
@@ -42,33 +44,17 @@ static void usage(FILE *out)
             "  --memory-counter M    account_memory: shared or per-thread\n"
             "  --key-compare K       hash lookup's key comparison: inline (length check\n"
             "                        and memcmp, default) or indirect (through a pointer)\n"
-            "  --probe-sample N      fire per-request probes for 1 request in N (default 256)\n"
+            "  --probe-sample N      fire per-request probes for 1 request in N (default %d)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
-            "  -h, --help            this help\n");
+            "  -h, --help            this help\n",
+            KV_PROBE_SAMPLE_DEFAULT);
 }
 
-static void die_usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "kvcached: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see kvcached --help)\n");
-    exit(EX_USAGE);
-}
+static void die_usage(const char *fmt, const char *arg) { cli_die("kvcached", fmt, arg); }
 
-static long parse_long(const char *s, const char *what, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "%s must be a number from %ld to %ld, not '%%s'", what, lo, hi);
-        die_usage(msg, s);
-    }
-    return v;
-}
+static long parse_long(const char *s, const char *what, long lo, long hi) { return cli_long("kvcached", s, what, lo, hi); }
 
 static size_t parse_size(const char *s)
 {
@@ -116,7 +102,7 @@ static void parse_cpus(const char *list)
     settings.cpu_affinity = list;
 }
 
-static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
+static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], enum key_compare *key_compare)
 {
     static const struct option longopts[] = {
         {"preset", required_argument, NULL, OPT_PRESET},
@@ -138,9 +124,10 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
 
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
-        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = 256,
-        .cpu_affinity = "", .key_compare = KEY_COMPARE_INLINE,
+        .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = KV_PROBE_SAMPLE_DEFAULT,
+        .cpu_affinity = "",
     };
+    *key_compare = KEY_COMPARE_INLINE;
     while ((opt = getopt_long(argc, argv, "p:l:t:m:c:I:vVh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'p': settings.port = (int)parse_long(optarg, "-p", 0, 65535); break;
@@ -173,9 +160,9 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
         case OPT_CPUS: parse_cpus(optarg); break;
         case OPT_KEYCMP:
             if (strcmp(optarg, "inline") == 0)
-                settings.key_compare = KEY_COMPARE_INLINE;
+                *key_compare = KEY_COMPARE_INLINE;
             else if (strcmp(optarg, "indirect") == 0)
-                settings.key_compare = KEY_COMPARE_INDIRECT;
+                *key_compare = KEY_COMPARE_INDIRECT;
             else
                 die_usage("--key-compare must be 'inline' or 'indirect', not '%s'", optarg);
             break;
@@ -194,10 +181,12 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX])
 int main(int argc, char **argv)
 {
     enum site_mode modes[SITES_MAX];
+    enum key_compare key_compare;
     int bound = 0, status = 1;
-    parse_args(argc, argv, modes);
+    parse_args(argc, argv, modes, &key_compare);
     kv_thread_idx = settings.nthreads; /* the main thread's slot */
     kv_started_ns = now_ns();
+    conn_set_handler(&protocol_handler); /* the core serves connections through the protocol's callbacks */
 
     /* bottom-up; torn down in reverse */
     if (listener_signals_setup() != 0) {
@@ -205,7 +194,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (stats_setup(settings.nthreads) != 0 || sites_setup(settings.nthreads, modes) != 0 ||
-        items_setup(settings.maxbytes, settings.item_size_max, settings.key_compare) != 0 || workers_setup(settings.nthreads) != 0) {
+        items_setup(settings.maxbytes, settings.item_size_max, key_compare) != 0 || workers_setup(settings.nthreads) != 0) {
         fprintf(stderr, "kvcached: out of memory at start-up\n");
         goto out;
     }

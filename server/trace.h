@@ -5,8 +5,9 @@
 
 #include "kvs.h"
 /* Kernels from 6.18 run a uprobe on a 5-byte nop through a fast path (no
- * single-step): 0.48 vs 0.59 us per hit measured here. The macro is expanded
- * at every probe site, so redefining it after sdt.h is enough. */
+ * single-step), cheaper per hit than sdt.h's 1-byte nop (docs/server.md).
+ * The macro is expanded at every probe site, so redefining it after sdt.h is
+ * enough. */
 #undef _SDT_NOP
 #define _SDT_NOP .nops 5
 
@@ -14,6 +15,10 @@
 
 #include "util.h"
 
+/* --probe-sample's default. kvprof assumes the same for a kvcached started
+ * without --probe-sample (it reads the rate from the command line): change
+ * both together. */
+#define KV_PROBE_SAMPLE_DEFAULT 256
 extern int kv_probe_sample; /* fire per-request probes for 1 request in N */
 
 /* Per-thread xorshift64: the sampling intervals' randomness. Seeded from the

@@ -18,8 +18,8 @@
 
 #define KV_MAX_THREADS 64
 
-/* Monotonic nanoseconds. The clocksource here is the TSC, so this is a vDSO
- * call of ~20 ns, not a syscall. */
+/* Monotonic nanoseconds. With the TSC as clocksource this is a vDSO call,
+ * not a syscall (its cost: docs/server.md). */
 static inline uint64_t now_ns(void)
 {
     struct timespec ts;

@@ -8,13 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/worker.h"
-#include "protocol/parse.h"
-#include "protocol/process.h"
+#include "settings.h"
 #include "stats/stats.h"
 #include "trace.h"
 
 static uint64_t curr_conns, total_conns, rejected_conns;
+static const struct conn_handler *handler;
+
+void conn_set_handler(const struct conn_handler *h) { handler = h; }
 
 uint64_t conns_current(void) { return __atomic_load_n(&curr_conns, __ATOMIC_RELAXED); }
 uint64_t conns_total(void) { return __atomic_load_n(&total_conns, __ATOMIC_RELAXED); }
@@ -30,52 +31,51 @@ void conns_count_rejected(void) { __atomic_fetch_add(&rejected_conns, 1, __ATOMI
 
 void conns_count_closed_early(void) { __atomic_fetch_sub(&curr_conns, 1, __ATOMIC_RELAXED); }
 
-conn *conn_new(int fd, struct worker *w)
+conn *conn_new(int fd, ev_loop_t *loop, int idx, conn **list)
 {
     conn *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
     c->fd = fd;
-    c->worker = w;
-    c->state = CONN_PARSE;
+    c->idx = idx;
+    c->loop = loop;
+    c->list = list;
     c->rsize = RBUF_INITIAL;
     c->wsize = WBUF_INITIAL;
     c->rbuf = malloc(c->rsize);
     c->wbuf = malloc(c->wsize);
-    if (c->rbuf == NULL || c->wbuf == NULL || ev_add(w->loop, fd, EV_READ, c) != 0) {
+    if (c->rbuf == NULL || c->wbuf == NULL || handler->open(c) != 0 || ev_add(loop, fd, EV_READ, c) != 0) {
+        handler->close(c);
         free(c->rbuf);
         free(c->wbuf);
         free(c);
         return NULL;
     }
     c->ev_mask = EV_READ;
-    c->next = w->conns;
-    if (w->conns != NULL)
-        w->conns->prev = c;
-    w->conns = c;
-    w->nconns++;
-    KVS_CONN_OPEN(fd, w->idx);
+    c->next = *list;
+    if (*list != NULL)
+        (*list)->prev = c;
+    *list = c;
+    KVS_CONN_OPEN(fd, idx);
     if (settings.verbose > 0)
-        fprintf(stderr, "<%d new client connection (worker %d)\n", fd, w->idx);
+        fprintf(stderr, "<%d new client connection (worker %d)\n", fd, idx);
     return c;
 }
 
 void conn_close(conn *c)
 {
-    worker_t *w = c->worker;
-    process_abort(c);
-    ev_del(w->loop, c->fd);
-    KVS_CONN_CLOSE(c->fd, w->idx);
+    handler->close(c);
+    ev_del(c->loop, c->fd);
+    KVS_CONN_CLOSE(c->fd, c->idx);
     if (settings.verbose > 0)
         fprintf(stderr, "<%d connection closed\n", c->fd);
     close(c->fd);
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
-        w->conns = c->next;
+        *c->list = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
-    w->nconns--;
     __atomic_fetch_sub(&curr_conns, 1, __ATOMIC_RELAXED);
     free(c->rbuf);
     free(c->wbuf);
@@ -98,7 +98,7 @@ char *out_reserve(conn *c, size_t n)
         size *= 2;
     char *p = realloc(c->wbuf, size);
     if (p == NULL) {
-        c->state = CONN_CLOSING;
+        c->closing = true;
         return NULL;
     }
     c->wbuf = p;
@@ -150,9 +150,10 @@ static int conn_read(conn *c)
         c->rpos = 0;
     }
     if (c->rlen == c->rsize) {
-        /* Only a command line longer than the buffer gets here (values are
-         * consumed as they arrive); the parser refuses it past KV_LINE_MAX. */
-        size_t size = c->rsize * 2 > KV_LINE_MAX + 1 ? KV_LINE_MAX + 1 : c->rsize * 2;
+        /* Only input the protocol cannot consume yet gets here (a command
+         * line longer than the buffer: values are consumed as they arrive);
+         * the protocol refuses it once the buffer is at rbuf_max. */
+        size_t size = c->rsize * 2 > handler->rbuf_max ? handler->rbuf_max : c->rsize * 2;
         if (size <= c->rsize)
             return 0;
         char *p = realloc(c->rbuf, size);
@@ -195,13 +196,13 @@ static int conn_flush(conn *c)
             c->wsize = WBUF_INITIAL;
         }
     }
-    process_release_copies(c);
+    handler->sent(c);
     return 0;
 }
 
 static void set_mask(conn *c, uint32_t mask)
 {
-    if (c->ev_mask != mask && ev_mod(c->worker->loop, c->fd, mask, c) == 0)
+    if (c->ev_mask != mask && ev_mod(c->loop, c->fd, mask, c) == 0)
         c->ev_mask = mask;
 }
 
@@ -212,7 +213,7 @@ void conn_event(conn *c, uint32_t mask)
         return;
     }
     for (;;) {
-        int more = c->state == CONN_CLOSING ? 0 : process_commands(c);
+        int more = c->closing ? 0 : handler->process(c);
         if (conn_flush(c) < 0) {
             conn_close(c);
             return;
@@ -221,7 +222,7 @@ void conn_event(conn *c, uint32_t mask)
             set_mask(c, EV_WRITE); /* stop reading until the client catches up */
             return;
         }
-        if (c->state == CONN_CLOSING) {
+        if (c->closing) {
             conn_close(c);
             return;
         }

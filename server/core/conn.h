@@ -1,6 +1,7 @@
-/* A client connection: its buffers, the state of the command in progress,
- * and the output helpers the protocol writes replies with. Owned by exactly
- * one worker thread. */
+/* A client connection: its socket and buffers, the output helpers the
+ * protocol writes replies with, and the callback table through which the
+ * core hands input to the protocol layer (which it does not otherwise know).
+ * Owned by exactly one worker thread. */
 #ifndef KV_CONN_H
 #define KV_CONN_H
 
@@ -8,9 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "protocol/opcodes.h"
-#include "storage/item.h"
-#include "storage/items.h"
+#include "core/ev.h"
 
 #define RBUF_INITIAL 16384
 #define WBUF_INITIAL 16384
@@ -18,19 +17,12 @@
  * client pipelining gets it does not read back cannot grow us unbounded. */
 #define WBUF_HIGH_WATER (256 * 1024)
 
-struct worker;
-
-enum conn_state {
-    CONN_PARSE,   /* expecting a command line */
-    CONN_NREAD,   /* reading a storage command's value into c->item */
-    CONN_SWALLOW, /* discarding the value of a refused storage command */
-    CONN_CLOSING, /* flush what is pending, then close */
-};
-
 typedef struct conn {
     int fd;
-    struct worker *worker;
-    enum conn_state state;
+    int idx;            /* the index of the worker that owns it */
+    ev_loop_t *loop;    /* that worker's loop */
+    struct conn **list; /* that worker's connections, linked by prev/next */
+    bool closing;       /* flush what is pending, then close */
     uint32_t ev_mask;
 
     char *rbuf;
@@ -38,37 +30,39 @@ typedef struct conn {
     char *wbuf;
     size_t wsize, wlen, wsent; /* unsent output is wbuf[wsent..wlen) */
 
-    /* the storage command whose value is being read */
-    item *item;
-    uint64_t nread_left;
-    uint64_t swallow_left;
-    enum store_op store_op;
-    enum opcode op;
-    uint64_t cas_in;
-    uint64_t hv;
-    bool noreply;
-    uint64_t op_start;
+    void *data; /* the protocol's state of the connection (conn_handler.open) */
 
-    /* a get whose key list is being walked (paused when output is high) */
-    bool get_active;
-    enum opcode get_op;
-    size_t get_pos, get_len, get_line_len;
-    const char *get_keys;
-    uint64_t gat_exp;
-
-    /* item objects copied out for replies still in wbuf (see docs/kvcached.md) */
-    uint64_t copies;
-    int64_t copy_bytes;
-
-    struct conn *prev, *next; /* the worker's connections */
+    struct conn *prev, *next;
 } conn;
 
-conn *conn_new(int fd, struct worker *w);
+/* What the core calls in the protocol layer: the protocol fills one in and
+ * main.c registers it with conn_set_handler() before the workers start.
+ * Each function runs on the worker thread that owns the connection. The
+ * contract is written out in docs/server.md. */
+struct conn_handler {
+    size_t rbuf_max; /* the read buffer grows up to this many bytes, no more */
+    /* A connection was accepted: set up c->data. -1 refuses the connection. */
+    int (*open)(conn *c);
+    /* Input arrived (rbuf[rpos..rlen)): consume what it can and append the
+     * replies with out_*(). Returns 1 to be called again once the output
+     * has been written, 0 when it needs more input or c->closing is set. */
+    int (*process)(conn *c);
+    /* All output appended so far has been written to the socket. */
+    void (*sent)(conn *c);
+    /* The connection is going away (also after a failed open): release
+     * c->data. */
+    void (*close)(conn *c);
+};
+void conn_set_handler(const struct conn_handler *h);
+
+/* A connection on `fd` owned by the worker `idx`, served by `loop` and
+ * linked at the head of *list; NULL if it could not be set up. */
+conn *conn_new(int fd, ev_loop_t *loop, int idx, conn **list);
 void conn_close(conn *c);
 void conn_event(conn *c, uint32_t mask);
 
-/* Room for n more bytes of output; NULL (and the connection set to close)
- * when memory ran out. */
+/* Room for n more bytes of output; NULL (and c->closing set) when memory
+ * ran out. */
 char *out_reserve(conn *c, size_t n);
 void out_add(conn *c, const void *p, size_t n);
 void out_str(conn *c, const char *s);

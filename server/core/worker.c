@@ -9,7 +9,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "protocol/process.h"
+#include "cpulist.h"
+#include "settings.h"
 
 __thread int kv_thread_idx;
 
@@ -39,7 +40,7 @@ static void take_new_conns(worker_t *w)
         if (n == 0)
             return;
         for (size_t i = 0; i < n; i++) {
-            if (conn_new(fds[i], w) == NULL) {
+            if (conn_new(fds[i], w->loop, w->idx, &w->conns) == NULL) {
                 close(fds[i]);
                 conns_count_closed_early();
             }
@@ -54,15 +55,8 @@ static void *worker_main(void *arg)
     kv_thread_idx = w->idx;
     snprintf(name, sizeof(name), "kv-worker-%d", w->idx);
     pthread_setname_np(pthread_self(), name);
-    if (settings.ncpus > 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(settings.cpus[w->idx % settings.ncpus], &one);
-        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-        if (err != 0)
-            fprintf(stderr, "kvcached: %s: cannot pin to CPU %d: %s\n", name,
-                    settings.cpus[w->idx % settings.ncpus], strerror(err));
-    }
+    if (settings.ncpus > 0)
+        cpulist_pin_self(settings.cpus[w->idx % settings.ncpus], "kvcached", name);
 
     while (!__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
         ev_fired_t *fired;

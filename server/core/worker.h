@@ -18,7 +18,6 @@ typedef struct worker {
     int *queue;    /* fds handed over, not yet taken */
     size_t qlen, qcap;
     conn *conns;
-    int nconns;
 } worker_t;
 
 int workers_setup(int n);

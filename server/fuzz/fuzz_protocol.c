@@ -4,7 +4,8 @@
  * The first byte of an input picks the size of the reads the bytes arrive in
  * (1-256), so lines and values split across reads are exercised as a slow
  * client makes them; the rest is what the client sent. Each input runs on one
- * connection that the harness drives as conn_event() does: read, process,
+ * connection that the harness drives through protocol_handler, as
+ * conn_event() does: read, process,
  * flush (the output is dropped), until the input runs out or the connection
  * closes. The item store (4 MB, so eviction happens) is set up once and
  * flushed at the start of each input, so an input sees only what it stored:
@@ -18,22 +19,25 @@
 #include <string.h>
 
 #include "core/conn.h"
-#include "core/worker.h"
 #include "protocol/process.h"
+#include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"
 #include "storage/items.h"
+#include "trace.h"
 #include "util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int kv_probe_sample = 256; /* defined by main.c in kvcached */
+/* defined by main.c in kvcached */
+struct settings settings;
+int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
 
 #define MEM_LIMIT (4 * 1024 * 1024)
 #define ITEM_SIZE_MAX (64 * 1024)
 
-static worker_t worker; /* index 0; its loop is never used */
+static const struct conn_handler *const h = &protocol_handler;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -44,7 +48,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         modes[s] = MODE_SHARED;
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 1, .maxbytes = MEM_LIMIT, .maxconns = 16,
-        .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = 256, .cpu_affinity = "",
+        .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = KV_PROBE_SAMPLE_DEFAULT, .cpu_affinity = "",
     };
     kv_thread_idx = 0;
     if (stats_setup(1) != 0 || sites_setup(1, modes) != 0 || items_setup(MEM_LIMIT, ITEM_SIZE_MAX, KEY_COMPARE_INLINE) != 0)
@@ -81,10 +85,10 @@ static void feed(conn *c, const uint8_t *p, size_t n)
 static int serve(conn *c)
 {
     for (;;) {
-        int more = c->state == CONN_CLOSING ? 0 : process_commands(c);
+        int more = c->closing ? 0 : h->process(c);
         c->wsent = c->wlen = 0; /* the client read it all */
-        process_release_copies(c);
-        if (c->state == CONN_CLOSING)
+        h->sent(c);
+        if (c->closing)
             return 0;
         if (!more)
             return 1;
@@ -99,10 +103,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++;
     size--;
     items_flush(now_ns());
-    conn c = {.fd = -1, .worker = &worker, .state = CONN_PARSE, .rsize = RBUF_INITIAL, .wsize = WBUF_INITIAL};
+    conn c = {.fd = -1, .idx = 0, .rsize = RBUF_INITIAL, .wsize = WBUF_INITIAL};
     c.rbuf = malloc(c.rsize);
     c.wbuf = malloc(c.wsize);
-    if (c.rbuf == NULL || c.wbuf == NULL)
+    if (c.rbuf == NULL || c.wbuf == NULL || h->open(&c) != 0)
         abort();
     for (size_t at = 0; at < size;) {
         size_t n = size - at < chunk ? size - at : chunk;
@@ -111,7 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!serve(&c))
             break;
     }
-    process_abort(&c);
+    h->close(&c);
     free(c.rbuf);
     free(c.wbuf);
     return 0;

@@ -25,9 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "cpulist.h"
 
-#define EX_USAGE 64
 #define KEY_MAX 250
 #define VERIFY_MAGIC "kvl1"
 
@@ -76,26 +76,9 @@ static void usage(FILE *out)
             "exit status: 0 ok, 1 errors or verify mismatches, 2 cannot connect, 64 bad usage\n");
 }
 
-static void die_usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "kvload: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see kvload --help)\n");
-    exit(EX_USAGE);
-}
+static void die_usage(const char *fmt, const char *arg) { cli_die("kvload", fmt, arg); }
 
-static long num_arg(const char *s, const char *name, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "%s must be a number from %ld to %ld, not '%%s'", name, lo, hi);
-        die_usage(msg, s);
-    }
-    return v;
-}
+static long num_arg(const char *s, const char *name, long lo, long hi) { return cli_long("kvload", s, name, lo, hi); }
 
 enum {
     O_SERVER = 256, O_THREADS, O_CONNS, O_BATCH, O_ITEMS, O_MIN, O_MAX, O_SETPCT, O_CYCLES, O_DURATION,
@@ -678,7 +661,7 @@ static void drive(struct thread *t, bool populate)
                         build_batch(t, c);
                     /* Send the next batch at once: waiting for EPOLLOUT first
                      * costs two epoll_ctl calls and a wake-up per batch, which
-                     * made unbatched kvload slower than memcaslap (measured).
+                     * made unbatched kvload slower than memcaslap (docs/bench.md).
                      * Only a full socket buffer waits for writability. */
                     ssize_t w = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
                     if (w < 0 && errno != EAGAIN && errno != EINTR)
@@ -713,13 +696,9 @@ static void *thread_main(void *arg)
 {
     struct thread *t = arg;
     if (opt.ncpus > 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(opt.cpus[t->idx % opt.ncpus], &one);
-        int err = pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-        if (err != 0)
-            fprintf(stderr, "kvload: thread %d: cannot pin to CPU %d: %s\n", t->idx, opt.cpus[t->idx % opt.ncpus],
-                    strerror(err));
+        char who[32];
+        snprintf(who, sizeof(who), "thread %d", t->idx);
+        cpulist_pin_self(opt.cpus[t->idx % opt.ncpus], "kvload", who);
     }
     for (int i = 0; i < opt.connections; i++) {
         t->conns[i].fd = connect_server();

@@ -109,6 +109,20 @@ static enum parse_status parse_storage(struct request *req, struct token *tok, s
     return PARSE_OK;
 }
 
+/* "<command> <key> <argument> [noreply]" (incr, decr, touch): the token
+ * count, the key and noreply; the caller parses the argument, tok[2]. */
+static enum parse_status parse_key_arg(struct request *req, struct token *tok, size_t ntok)
+{
+    if (ntok != 3 && !(ntok == 4 && is_noreply(tok[3])))
+        return invalid(req, ERR_UNKNOWN);
+    if (tok[1].n > KEY_MAX_LENGTH)
+        return invalid(req, ERR_FORMAT);
+    req->key = tok[1].s;
+    req->nkey = tok[1].n;
+    req->noreply = ntok == 4;
+    return PARSE_OK;
+}
+
 static enum parse_status parse_tokens(struct request *req, const char *line, size_t n)
 {
     struct token tok[MAX_TOKENS];
@@ -169,26 +183,16 @@ static enum parse_status parse_tokens(struct request *req, const char *line, siz
         return PARSE_OK;
     case CMD_INCR:
     case CMD_DECR:
-        if (ntok != 3 && !(ntok == 4 && is_noreply(tok[3])))
-            return invalid(req, ERR_UNKNOWN);
-        if (tok[1].n > KEY_MAX_LENGTH)
-            return invalid(req, ERR_FORMAT);
+        if (parse_key_arg(req, tok, ntok) != PARSE_OK)
+            return PARSE_EINVALID;
         if (!parse_u64(tok[2], &req->delta))
             return invalid(req, "CLIENT_ERROR invalid numeric delta argument\r\n");
-        req->key = tok[1].s;
-        req->nkey = tok[1].n;
-        req->noreply = ntok == 4;
         return PARSE_OK;
     case CMD_TOUCH:
-        if (ntok != 3 && !(ntok == 4 && is_noreply(tok[3])))
-            return invalid(req, ERR_UNKNOWN);
-        if (tok[1].n > KEY_MAX_LENGTH)
-            return invalid(req, ERR_FORMAT);
+        if (parse_key_arg(req, tok, ntok) != PARSE_OK)
+            return PARSE_EINVALID;
         if (!parse_i64(tok[2], &req->exptime))
             return invalid(req, "CLIENT_ERROR invalid exptime argument\r\n");
-        req->key = tok[1].s;
-        req->nkey = tok[1].n;
-        req->noreply = ntok == 4;
         return PARSE_OK;
     case CMD_FLUSH_ALL:
         if (ntok > 3)

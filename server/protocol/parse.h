@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "protocol/opcodes.h"
+
 #define KV_LINE_MAX 65536 /* longest command line accepted, "\r\n" included */
 
 enum parse_status {
@@ -17,22 +19,10 @@ enum parse_status {
     PARSE_EOVERSIZE, /* no newline within the line limit: reply and drop the client */
 };
 
+/* Every command the parser knows: the request opcodes (protocol/opcodes.h,
+ * so CMD_x == OP_x for those), then the ones that are not requests. */
 #define KV_COMMANDS(X)                                                         \
-    X(GET, "get")                                                              \
-    X(GETS, "gets")                                                            \
-    X(GAT, "gat")                                                              \
-    X(GATS, "gats")                                                            \
-    X(SET, "set")                                                              \
-    X(ADD, "add")                                                              \
-    X(REPLACE, "replace")                                                      \
-    X(APPEND, "append")                                                        \
-    X(PREPEND, "prepend")                                                      \
-    X(CAS, "cas")                                                              \
-    X(DELETE, "delete")                                                        \
-    X(INCR, "incr")                                                            \
-    X(DECR, "decr")                                                            \
-    X(TOUCH, "touch")                                                          \
-    X(FLUSH_ALL, "flush_all")                                                  \
+    KV_OPCODES(X)                                                              \
     X(VERSION, "version")                                                      \
     X(VERBOSITY, "verbosity")                                                  \
     X(QUIT, "quit")                                                            \

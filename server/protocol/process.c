@@ -1,19 +1,51 @@
 #include "protocol/process.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/worker.h"
+#include "protocol/opcodes.h"
 #include "protocol/parse.h"
 #include "protocol/stats_out.h"
+#include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"
+#include "storage/items.h"
 #include "trace.h"
 #include "util.h"
 
 #define MONTH_S 2592000 /* exptimes above 30 days are absolute Unix times */
 
-struct settings settings;
+/* The protocol's half of a connection (conn.data): the command in progress. */
+struct proto_conn {
+    enum {
+        REQ_PARSE,   /* expecting a command line */
+        REQ_NREAD,   /* reading a storage command's value into item */
+        REQ_SWALLOW, /* discarding the value of a refused storage command */
+    } state;
+
+    /* the storage command whose value is being read */
+    item *item;
+    uint64_t nread_left;
+    uint64_t swallow_left;
+    enum store_op store_op;
+    enum opcode op;
+    uint64_t cas_in;
+    uint64_t hv;
+    bool noreply;
+    uint64_t op_start;
+
+    /* a get whose key list is being walked (paused when output is high) */
+    bool get_active;
+    enum opcode get_op;
+    size_t get_pos, get_len, get_line_len;
+    const char *get_keys;
+    uint64_t gat_exp;
+
+    /* item objects copied out for replies still in wbuf (see docs/kvcached.md) */
+    uint64_t copies;
+    int64_t copy_bytes;
+};
 
 static const char *const opcode_names[OPS_MAX] = {
 #define X(id, name) [OP_##id] = name,
@@ -29,13 +61,14 @@ static __thread int cmd_sampled;
 
 static inline void op_begin(conn *c, enum opcode op, const char *key, size_t nkey, uint64_t t0)
 {
-    c->op_start = t0;
+    struct proto_conn *pc = c->data;
+    pc->op_start = t0;
     cmd_sampled = 0;
     if (unlikely(KVS_CMD_START_ENABLED() || KVS_CMD_DONE_ENABLED()) && sample_tick(&cmd_countdown)) {
         cmd_sampled = 1;
         /* The worker index from the connection, not the TLS variable: gcc
          * would describe that argument as %fs:(...), which BCC cannot read. */
-        KVS_CMD_START(c->worker->idx, (int)op, (char *)key, (int)nkey);
+        KVS_CMD_START(c->idx, (int)op, (char *)key, (int)nkey);
     }
 }
 
@@ -43,11 +76,12 @@ static inline void op_begin(conn *c, enum opcode op, const char *key, size_t nke
  * ended, which a multi-get uses as the start of its next key. */
 static inline uint64_t op_end(conn *c, enum opcode op, enum op_status status)
 {
+    struct proto_conn *pc = c->data;
     uint64_t t1 = now_ns();
-    uint64_t latency = t1 - c->op_start;
+    uint64_t latency = t1 - pc->op_start;
     collect_timings(op, latency);
     if (unlikely(cmd_sampled))
-        KVS_CMD_DONE(c->worker->idx, (int)op, (int)status, latency);
+        KVS_CMD_DONE(c->idx, (int)op, (int)status, latency);
     return t1;
 }
 
@@ -126,16 +160,17 @@ static void copy_value(void *arg, const item *it)
  * because output is over the high water mark. */
 static int process_get_keys(conn *c)
 {
-    enum opcode op = c->get_op;
+    struct proto_conn *pc = c->data;
+    enum opcode op = pc->get_op;
     int touch = op == OP_GAT || op == OP_GATS;
     uint64_t t = now_ns();
     for (;;) {
         if (out_pending(c) >= WBUF_HIGH_WATER)
             return 1;
-        if (c->state == CONN_CLOSING)
+        if (c->closing)
             return 0;
         const char *key;
-        size_t nkey = parse_next_key(c->get_keys, c->get_len, &c->get_pos, &key);
+        size_t nkey = parse_next_key(pc->get_keys, pc->get_len, &pc->get_pos, &key);
         if (nkey == 0)
             break;
         if (nkey > KEY_MAX_LENGTH) {
@@ -145,7 +180,7 @@ static int process_get_keys(conn *c)
         uint64_t hv = kv_hash(key, nkey);
         struct copy_ctx x = {c, op == OP_GETS || op == OP_GATS, 0};
         op_begin(c, op, key, nkey, t);
-        enum lookup_result r = items_get(key, (uint8_t)nkey, hv, t, touch ? &c->gat_exp : NULL, copy_value, &x);
+        enum lookup_result r = items_get(key, (uint8_t)nkey, hv, t, touch ? &pc->gat_exp : NULL, copy_value, &x);
         STAT_INCR(cmd_get);
         if (touch)
             STAT_INCR(cmd_touch);
@@ -156,8 +191,8 @@ static int process_get_keys(conn *c)
             /* the copy is an item object of its own until the reply is sent */
             on_create_item();
             account_memory((int64_t)x.size);
-            c->copies++;
-            c->copy_bytes += x.size;
+            pc->copies++;
+            pc->copy_bytes += x.size;
         } else {
             STAT_INCR(get_misses);
             if (touch)
@@ -172,31 +207,34 @@ static int process_get_keys(conn *c)
     }
     out_str(c, "END\r\n");
 done:
-    c->get_active = false;
-    c->rpos += c->get_line_len;
+    pc->get_active = false;
+    c->rpos += pc->get_line_len;
     return 0;
 }
 
-void process_release_copies(conn *c)
+/* The replies in wbuf have been written: release their item objects. */
+static void process_release_copies(conn *c)
 {
-    for (; c->copies > 0; c->copies--)
+    struct proto_conn *pc = c->data;
+    for (; pc->copies > 0; pc->copies--)
         on_delete_item();
-    if (c->copy_bytes != 0) {
-        account_memory(-c->copy_bytes);
-        c->copy_bytes = 0;
+    if (pc->copy_bytes != 0) {
+        account_memory(-pc->copy_bytes);
+        pc->copy_bytes = 0;
     }
 }
 
 static void start_get(conn *c, struct request *req, enum opcode op)
 {
-    c->get_active = true;
-    c->get_op = op;
-    c->get_keys = req->keys;
-    c->get_len = req->nkeys_len;
-    c->get_pos = 0;
-    c->get_line_len = req->line_len;
+    struct proto_conn *pc = c->data;
+    pc->get_active = true;
+    pc->get_op = op;
+    pc->get_keys = req->keys;
+    pc->get_len = req->nkeys_len;
+    pc->get_pos = 0;
+    pc->get_line_len = req->line_len;
     if (op == OP_GAT || op == OP_GATS)
-        c->gat_exp = exp_to_ns(req->exptime, now_ns());
+        pc->gat_exp = exp_to_ns(req->exptime, now_ns());
 }
 
 /* ---- storage commands ---------------------------------------------------- */
@@ -208,83 +246,86 @@ static const enum opcode store_opcodes[] = {
 
 static void refuse_value(conn *c, struct request *req, enum store_op sop, const char *error)
 {
+    struct proto_conn *pc = c->data;
     reply(c, req->noreply, error);
     /* As memcached: a failed set must not leave the old value readable. */
     if (sop == STORE_SET)
-        items_delete(req->key, (uint8_t)req->nkey, c->hv, c->op_start);
-    c->swallow_left = req->vlen + 2;
-    c->state = CONN_SWALLOW;
+        items_delete(req->key, (uint8_t)req->nkey, pc->hv, pc->op_start);
+    pc->swallow_left = req->vlen + 2;
+    pc->state = REQ_SWALLOW;
     STAT_INCR(cmd_set);
     op_end(c, store_opcodes[sop], OPS_ERROR);
 }
 
 static void process_update(conn *c, struct request *req, enum store_op sop)
 {
+    struct proto_conn *pc = c->data;
     enum opcode op = store_opcodes[sop];
     op_begin(c, op, req->key, req->nkey, now_ns());
-    c->hv = kv_hash(req->key, req->nkey);
-    update_topkeys(req->key, req->nkey, c->hv);
+    pc->hv = kv_hash(req->key, req->nkey);
+    update_topkeys(req->key, req->nkey, pc->hv);
     if (req->vlen > settings.item_size_max) {
         refuse_value(c, req, sop, "SERVER_ERROR object too large for cache\r\n");
         return;
     }
-    item *it = items_alloc(req->key, (uint8_t)req->nkey, req->flags, exp_to_ns(req->exptime, c->op_start),
+    item *it = items_alloc(req->key, (uint8_t)req->nkey, req->flags, exp_to_ns(req->exptime, pc->op_start),
                            (uint32_t)req->vlen);
     if (it == NULL) {
         refuse_value(c, req, sop, "SERVER_ERROR out of memory storing object\r\n");
         return;
     }
-    c->item = it;
-    c->nread_left = req->vlen + 2;
-    c->store_op = sop;
-    c->op = op;
-    c->cas_in = req->cas;
-    c->noreply = req->noreply;
-    c->state = CONN_NREAD;
+    pc->item = it;
+    pc->nread_left = req->vlen + 2;
+    pc->store_op = sop;
+    pc->op = op;
+    pc->cas_in = req->cas;
+    pc->noreply = req->noreply;
+    pc->state = REQ_NREAD;
 }
 
 static void complete_nread(conn *c)
 {
-    item *it = c->item;
-    c->item = NULL;
-    c->state = CONN_PARSE;
+    struct proto_conn *pc = c->data;
+    item *it = pc->item;
+    pc->item = NULL;
+    pc->state = REQ_PARSE;
     STAT_INCR(cmd_set);
     if (memcmp(item_value(it) + it->nbytes, "\r\n", 2) != 0) {
         items_abandon(it);
-        reply(c, c->noreply, "CLIENT_ERROR bad data chunk\r\n");
-        op_end(c, c->op, OPS_ERROR);
+        reply(c, pc->noreply, "CLIENT_ERROR bad data chunk\r\n");
+        op_end(c, pc->op, OPS_ERROR);
         return;
     }
-    enum store_op sop = c->store_op;
-    enum store_result r = items_store(it, sop, c->cas_in, c->hv, now_ns());
+    enum store_op sop = pc->store_op;
+    enum store_result r = items_store(it, sop, pc->cas_in, pc->hv, now_ns());
     enum op_status status = OPS_OK;
     switch (r) {
     case STORE_STORED:
         STAT_INCR(total_items);
         if (sop == STORE_CAS)
             STAT_INCR(cas_hits);
-        reply(c, c->noreply, "STORED\r\n");
+        reply(c, pc->noreply, "STORED\r\n");
         break;
     case STORE_NOT_STORED:
         status = OPS_NOT_STORED;
-        reply(c, c->noreply, "NOT_STORED\r\n");
+        reply(c, pc->noreply, "NOT_STORED\r\n");
         break;
     case STORE_EXISTS:
         status = OPS_EXISTS;
         STAT_INCR(cas_badval);
-        reply(c, c->noreply, "EXISTS\r\n");
+        reply(c, pc->noreply, "EXISTS\r\n");
         break;
     case STORE_NOT_FOUND:
         status = OPS_MISS;
         STAT_INCR(cas_misses);
-        reply(c, c->noreply, "NOT_FOUND\r\n");
+        reply(c, pc->noreply, "NOT_FOUND\r\n");
         break;
     case STORE_NO_MEMORY:
         status = OPS_ERROR;
-        reply(c, c->noreply, "SERVER_ERROR out of memory storing object\r\n");
+        reply(c, pc->noreply, "SERVER_ERROR out of memory storing object\r\n");
         break;
     }
-    op_end(c, c->op, status);
+    op_end(c, pc->op, status);
 }
 
 static void process_set(conn *c, struct request *req) { process_update(c, req, STORE_SET); }
@@ -303,9 +344,10 @@ static void process_gats(conn *c, struct request *req) { start_get(c, req, OP_GA
 
 static void process_delete(conn *c, struct request *req)
 {
+    struct proto_conn *pc = c->data;
     uint64_t hv = kv_hash(req->key, req->nkey);
     op_begin(c, OP_DELETE, req->key, req->nkey, now_ns());
-    int found = items_delete(req->key, (uint8_t)req->nkey, hv, c->op_start);
+    int found = items_delete(req->key, (uint8_t)req->nkey, hv, pc->op_start);
     if (found)
         STAT_INCR(delete_hits);
     else
@@ -317,10 +359,11 @@ static void process_delete(conn *c, struct request *req)
 
 static void process_arith(conn *c, struct request *req, int incr)
 {
+    struct proto_conn *pc = c->data;
     enum opcode op = incr ? OP_INCR : OP_DECR;
     uint64_t hv = kv_hash(req->key, req->nkey), value = 0;
     op_begin(c, op, req->key, req->nkey, now_ns());
-    enum arith_result r = items_arith(req->key, (uint8_t)req->nkey, hv, incr, req->delta, c->op_start, &value);
+    enum arith_result r = items_arith(req->key, (uint8_t)req->nkey, hv, incr, req->delta, pc->op_start, &value);
     update_topkeys(req->key, req->nkey, hv);
     enum op_status status = OPS_OK;
     switch (r) {
@@ -361,9 +404,10 @@ static void process_decr(conn *c, struct request *req) { process_arith(c, req, 0
 
 static void process_touch(conn *c, struct request *req)
 {
+    struct proto_conn *pc = c->data;
     uint64_t hv = kv_hash(req->key, req->nkey);
     op_begin(c, OP_TOUCH, req->key, req->nkey, now_ns());
-    int found = items_touch(req->key, (uint8_t)req->nkey, hv, exp_to_ns(req->exptime, c->op_start), c->op_start);
+    int found = items_touch(req->key, (uint8_t)req->nkey, hv, exp_to_ns(req->exptime, pc->op_start), pc->op_start);
     STAT_INCR(cmd_touch);
     if (found)
         STAT_INCR(touch_hits);
@@ -378,8 +422,9 @@ static void process_touch(conn *c, struct request *req)
 
 static void process_flush_all(conn *c, struct request *req)
 {
+    struct proto_conn *pc = c->data;
     op_begin(c, OP_FLUSH_ALL, NULL, 0, now_ns());
-    items_flush(req->exptime > 0 ? exp_to_ns(req->exptime, c->op_start) : c->op_start);
+    items_flush(req->exptime > 0 ? exp_to_ns(req->exptime, pc->op_start) : pc->op_start);
     STAT_INCR(cmd_flush);
     reply(c, req->noreply, "OK\r\n");
     op_end(c, OP_FLUSH_ALL, OPS_OK);
@@ -398,7 +443,7 @@ static void process_verbosity(conn *c, struct request *req) { reply(c, req->nore
 static void process_quit(conn *c, struct request *req)
 {
     (void)req;
-    c->state = CONN_CLOSING;
+    c->closing = true;
 }
 
 static void process_stats_cmd(conn *c, struct request *req) { process_stats(c, req->arg, req->narg); }
@@ -416,12 +461,15 @@ static void (*const handlers[CMD_MAX])(conn *, struct request *) = {
     [CMD_STATS] = process_stats_cmd,
 };
 
-int process_commands(conn *c)
+/* Runs commands from rbuf until input runs out, output passes the high water
+ * mark (returns 1: call again once it drained), or the connection closes. */
+static int process_commands(conn *c)
 {
+    struct proto_conn *pc = c->data;
     for (;;) {
-        if (c->state == CONN_CLOSING)
+        if (c->closing)
             return 0;
-        if (c->get_active) {
+        if (pc->get_active) {
             if (process_get_keys(c))
                 return 1;
             continue;
@@ -431,32 +479,32 @@ int process_commands(conn *c)
         size_t avail = c->rlen - c->rpos;
         if (avail == 0)
             return 0;
-        switch (c->state) {
-        case CONN_NREAD: {
-            size_t n = avail < c->nread_left ? avail : (size_t)c->nread_left;
-            memcpy(item_value(c->item) + (c->item->nbytes + 2 - c->nread_left), c->rbuf + c->rpos, n);
+        switch (pc->state) {
+        case REQ_NREAD: {
+            size_t n = avail < pc->nread_left ? avail : (size_t)pc->nread_left;
+            memcpy(item_value(pc->item) + (pc->item->nbytes + 2 - pc->nread_left), c->rbuf + c->rpos, n);
             c->rpos += n;
-            c->nread_left -= n;
-            if (c->nread_left == 0)
+            pc->nread_left -= n;
+            if (pc->nread_left == 0)
                 complete_nread(c);
             break;
         }
-        case CONN_SWALLOW: {
-            size_t n = avail < c->swallow_left ? avail : (size_t)c->swallow_left;
+        case REQ_SWALLOW: {
+            size_t n = avail < pc->swallow_left ? avail : (size_t)pc->swallow_left;
             c->rpos += n;
-            c->swallow_left -= n;
-            if (c->swallow_left == 0)
-                c->state = CONN_PARSE;
+            pc->swallow_left -= n;
+            if (pc->swallow_left == 0)
+                pc->state = REQ_PARSE;
             break;
         }
-        case CONN_PARSE: {
+        case REQ_PARSE: {
             struct request req;
             switch (parse_request(c->rbuf + c->rpos, avail, &req)) {
             case PARSE_EUNFIN:
                 return 0;
             case PARSE_EOVERSIZE:
                 out_str(c, "CLIENT_ERROR line too long\r\n");
-                c->state = CONN_CLOSING;
+                c->closing = true;
                 return 0;
             case PARSE_EINVALID:
                 c->rpos += req.line_len;
@@ -470,17 +518,33 @@ int process_commands(conn *c)
             }
             break;
         }
-        case CONN_CLOSING:
-            return 0;
         }
     }
 }
 
-void process_abort(conn *c)
+static int process_open(conn *c)
 {
-    if (c->item != NULL) {
-        items_abandon(c->item);
-        c->item = NULL;
-    }
-    process_release_copies(c);
+    c->data = calloc(1, sizeof(struct proto_conn));
+    return c->data == NULL ? -1 : 0;
 }
+
+/* The connection is going away: drop a half-read item and any copies. */
+static void process_close(conn *c)
+{
+    struct proto_conn *pc = c->data;
+    if (pc == NULL)
+        return;
+    if (pc->item != NULL)
+        items_abandon(pc->item);
+    process_release_copies(c);
+    free(pc);
+    c->data = NULL;
+}
+
+const struct conn_handler protocol_handler = {
+    .rbuf_max = KV_LINE_MAX + 1, /* room to see that a line has no newline within the limit */
+    .open = process_open,
+    .process = process_commands,
+    .sent = process_release_copies,
+    .close = process_close,
+};

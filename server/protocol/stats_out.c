@@ -8,7 +8,8 @@
 #include <unistd.h>
 
 #include "core/lock.h"
-#include "protocol/process.h"
+#include "protocol/opcodes.h"
+#include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"
 #include "storage/items.h"
