@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pyperf
 import pytest
+from support import KVPROF
 
 from kvprof.bench import atomics, history, instructions, placement, results, scenarios, stats, table
 from kvprof.bench.loadgen import parse_memcaslap
 from kvprof.bench.runner import RunResult, VariantRuns
 from kvprof.bench.variants import ClientConfig, Variant, parse_server
 from kvprof.model.topology import Topology
-
-KVPROF = [sys.executable, "-m", "kvprof"]
 
 
 def _fits(lines: list[str]) -> bool:
