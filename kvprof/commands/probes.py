@@ -75,9 +75,9 @@ def _fail(message: str) -> int:
 def _may_attach() -> bool:
     if os.geteuid() == 0:
         return True
-    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, _cap_eff
+    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, cap_eff
 
-    caps = _cap_eff(Host())
+    caps = cap_eff(Host())
     return bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
 
 
