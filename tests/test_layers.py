@@ -158,6 +158,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
                 found.append(
                     f"{path.relative_to(REPO)}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}"
                 )
+    found = [f for f in found if f not in KNOWN_PRIVATE]
     assert not found, "private names used across modules:\n" + "\n".join(found)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from kvprof.commands import command
+
 EXAMPLES = """\
 examples:
   kvprof doctor              # this machine, and the unwind information of server/build/kvcached and libc
@@ -20,12 +22,12 @@ WIDTH = 80
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
+    p = command(
+        commands,
         "doctor",
         help="check kernel, BPF, headers, tracefs, PMU, unwind information; say what to do",
         description="Check whether this machine can profile, and print the command that fixes each problem.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument(
         "-p", "--pid", type=int, metavar="PID", help="check the unwind information of this process's modules"

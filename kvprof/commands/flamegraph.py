@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvprof.commands import number
-from kvprof.model.profile import Profile, ProfileError
+from kvprof.commands import command, fail, malformed, number, read_profile
 
 EXAMPLES = """\
 examples:
@@ -20,7 +19,8 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
+    p = command(
+        commands,
         "flamegraph",
         help="write a flame graph (.svg), folded stacks or speedscope JSON of a profile",
         description=(
@@ -31,8 +31,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "hotspot-catalog frames in violet), .folded (flamegraph.pl's input), or\n"
             ".speedscope.json. Exit status 2 when the profile or the request is bad."
         ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument(
@@ -95,26 +94,17 @@ def run(args: argparse.Namespace) -> int:
         check_kind(args.kind, args.value)
         format_of(out)
     except ExportError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
-        return 2
-    try:
-        profile = Profile.load(args.file)
-    except ProfileError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
+        return fail("flamegraph", str(e))
+    profile = read_profile("flamegraph", args.file)
+    if profile is None:
         return 2
     options = Options(prefix=args.prefix, value=args.value, width=args.width, min_width=args.min_width)
     try:
         written = write(profile, args.kind, out, options)
     except ExportError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
-        return 2
+        return fail("flamegraph", str(e))
     except (TypeError, ValueError, AttributeError, KeyError) as e:
-        # fields of the wrong type pass the loader's checks but not the folding
-        print(
-            f"kvprof flamegraph: {args.file}: malformed kvprof profile ({type(e).__name__}: {e})",
-            file=sys.stderr,
-        )
-        return 2
+        return malformed("flamegraph", args.file, e)
     if written.empty:
         print(
             f"kvprof flamegraph: warning: {args.file} has no {args.kind} samples; "

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
-from kvprof.commands import number
+from kvprof.commands import add_seconds, command, number
 
 EXAMPLES = """\
 examples:
@@ -27,7 +27,8 @@ WIDTH = 80
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
+    p = command(
+        commands,
         "probes",
         help="list the target's USDT probes, semaphore state and live hit rate",
         description=(
@@ -35,18 +36,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "read each is-enabled semaphore from the process, and count hits per second\n"
             "over a short window with a BPF counter on every probe."
         ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument("-p", "--pid", type=int, metavar="PID", help="the process to look at (required)")
-    p.add_argument(
-        "-d",
-        "--duration",
-        type=number(float, 0, 3600),
-        default=1.0,
-        metavar="SEC",
-        help="seconds to count hits for; 0 lists without attaching (default: %(default)s)",
-    )
+    add_seconds(p, "-d", "--duration", type=number(float, 0, 3600), default=1.0,
+                help="seconds to count hits for; 0 lists without attaching")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)  # print the BPF program, exit
     p.set_defaults(run=run)
