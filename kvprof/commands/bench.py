@@ -13,6 +13,8 @@ from kvprof.commands import add_seconds, command, number
 # that building the parser imports nothing but the standard library.
 SCENARIOS = ("study", "loadgen", "atomics", "keycmp")
 
+HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
+
 EXAMPLES = """\
 examples:
   kvprof bench                        # the study's 3 steps at 1, 2, ... workers
@@ -64,13 +66,7 @@ def _specs(text: str) -> tuple[str, ...]:
 
 
 def add_parser(commands: Any) -> None:
-    p = command(
-        commands,
-        "bench",
-        help="benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)",
-        description=DESCRIPTION,
-        examples=EXAMPLES,
-    )
+    p = command(commands, "bench", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("--scenario", choices=SCENARIOS, default="study", help="what to run (default: study)")
     p.add_argument(
         "--against", choices=("memcached",), help="kvcached fixed vs memcached on the study's workload"

@@ -9,6 +9,15 @@ from pathlib import Path
 from kvprof.commands import command, fail, read_profile
 from kvprof.commands.flamegraph import add_stack_options, profile_stem
 
+HELP = "differential flame graph: what grew (red) and shrank (blue) from BASE to NEW"
+
+DESCRIPTION = """\
+Draw NEW's flame graph with every frame coloured by how its share of the
+total changed since BASE: red grew, blue shrank, the deeper the more; the
+tooltip gives both shares and values. Shares, not raw counts, so recordings of
+different lengths compare. --negate draws BASE's shape instead, which shows
+frames NEW no longer has (a removed lock wait is a blue tower)."""
+
 EXAMPLES = """\
 examples:
   kvprof diff baseline.json.gz fixed.json.gz -o diff.svg          # on-CPU, NEW's shape
@@ -18,19 +27,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = command(
-        commands,
-        "diff",
-        help="differential flame graph: what grew (red) and shrank (blue) from BASE to NEW",
-        description=(
-            "Draw NEW's flame graph with every frame coloured by how its share of the\n"
-            "total changed since BASE: red grew, blue shrank, the deeper the more; the\n"
-            "tooltip gives both shares and values. Shares, not raw counts, so recordings of\n"
-            "different lengths compare. --negate draws BASE's shape instead, which shows\n"
-            "frames NEW no longer has (a removed lock wait is a blue tower)."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "diff", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("base", metavar="BASE", help="the profile before (.json or .json.gz)")
     p.add_argument("new", metavar="NEW", help="the profile after")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.svg", default=Path("diff.svg"),

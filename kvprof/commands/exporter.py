@@ -7,6 +7,17 @@ from typing import Any
 
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
 
+HELP = "serve a live session's counters to Prometheus"
+
+DESCRIPTION = """\
+Attach kvprof's collectors to a running process and serve their counters on
+/metrics for Prometheus: CPU samples by function (the top N, the rest as
+`other`), lock waits and wait seconds by lock, cache-line samples and transfers
+by site, request latency histograms, per thread and socket; collector health;
+and the target's own `stats` when it speaks the memcached protocol. Binds
+loopback unless told otherwise. Needs root. SIGTERM or Ctrl-C detaches
+everything; exit status 1 when the target exits, 2 when it cannot start."""
+
 EXAMPLES = """\
 examples:
   kvprof exporter -p $(pgrep -x kvcached)                 # http://127.0.0.1:9464/metrics
@@ -25,21 +36,7 @@ HZ = 49  # lower than record's: the exporter runs for long
 
 
 def add_parser(commands: Any) -> None:
-    p = command(
-        commands,
-        "exporter",
-        help="serve a live session's counters to Prometheus",
-        description=(
-            "Attach kvprof's collectors to a running process and serve their counters on\n"
-            "/metrics for Prometheus: CPU samples by function (the top N, the rest as\n"
-            "`other`), lock waits and wait seconds by lock, cache-line samples and transfers\n"
-            "by site, request latency histograms, per thread and socket; collector health;\n"
-            "and the target's own `stats` when it speaks the memcached protocol. Binds\n"
-            "loopback unless told otherwise. Needs root. SIGTERM or Ctrl-C detaches\n"
-            "everything; exit status 1 when the target exits, 2 when it cannot start."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "exporter", HELP, DESCRIPTION, EXAMPLES)
     add_pid(p, "the process to watch")
     p.add_argument(
         "--listen",

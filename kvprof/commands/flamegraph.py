@@ -8,6 +8,16 @@ from pathlib import Path
 
 from kvprof.commands import command, fail, malformed, number, read_profile
 
+HELP = "write a flame graph (.svg), folded stacks or speedscope JSON of a profile"
+
+DESCRIPTION = """\
+Read a profile written by `kvprof record` and write the stacks of one kind:
+cpu (on-CPU samples), offcpu (off-CPU time) or locks (lock wait time by call
+site: the kvs lock probes, plus futex waits they do not cover). The output's
+name chooses the format: .svg (interactive: click to zoom, search, tooltips;
+hotspot-catalog frames in violet), .folded (flamegraph.pl's input), or
+.speedscope.json. Exit status 2 when the profile or the request is bad."""
+
 EXAMPLES = """\
 examples:
   kvprof flamegraph base.json.gz -o cpu.svg               # on-CPU samples, interactive SVG
@@ -19,20 +29,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = command(
-        commands,
-        "flamegraph",
-        help="write a flame graph (.svg), folded stacks or speedscope JSON of a profile",
-        description=(
-            "Read a profile written by `kvprof record` and write the stacks of one kind:\n"
-            "cpu (on-CPU samples), offcpu (off-CPU time) or locks (lock wait time by call\n"
-            "site: the kvs lock probes, plus futex waits they do not cover). The output's\n"
-            "name chooses the format: .svg (interactive: click to zoom, search, tooltips;\n"
-            "hotspot-catalog frames in violet), .folded (flamegraph.pl's input), or\n"
-            ".speedscope.json. Exit status 2 when the profile or the request is bad."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "flamegraph", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument(
         "-o",

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 
 from kvprof.commands import add_seconds, command, number
 
+HELP = "list the target's USDT probes, semaphore state and live hit rate"
+
+DESCRIPTION = """\
+List the USDT probes in a process's executable (its .note.stapsdt ELF notes),
+read each is-enabled semaphore from the process, and count hits per second
+over a short window with a BPF counter on every probe."""
+
 EXAMPLES = """\
 examples:
   kvprof probes -p 1234          # probes, semaphore state, hits/s over 1 s
@@ -27,17 +34,7 @@ WIDTH = 80
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = command(
-        commands,
-        "probes",
-        help="list the target's USDT probes, semaphore state and live hit rate",
-        description=(
-            "List the USDT probes in a process's executable (its .note.stapsdt ELF notes),\n"
-            "read each is-enabled semaphore from the process, and count hits per second\n"
-            "over a short window with a BPF counter on every probe."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "probes", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("-p", "--pid", type=int, metavar="PID", help="the process to look at (required)")
     add_seconds(p, "-d", "--duration", type=number(float, 0, 3600), default=1.0,
                 help="seconds to count hits for; 0 lists without attaching")  # fmt: skip

@@ -9,6 +9,14 @@ from typing import Any
 from kvprof.collect import CollectOptions
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
 
+HELP = "attach to a process and write a profile"
+
+DESCRIPTION = """\
+Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU
+and futex waits; on kvcached also lock waits, cache-line transfers and request
+latency from its kvs probes), collect for a while, and write a profile file.
+Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."""
+
 EXAMPLES = """\
 examples:
   kvprof record -p 1234                 # 10 s, every collector, kvprof-1234.json.gz
@@ -23,18 +31,7 @@ examples:
 
 
 def add_parser(commands: Any) -> None:
-    p = command(
-        commands,
-        "record",
-        help="attach to a process and write a profile",
-        description=(
-            "Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU\n"
-            "and futex waits; on kvcached also lock waits, cache-line transfers and request\n"
-            "latency from its kvs probes), collect for a while, and write a profile file.\n"
-            "Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "record", HELP, DESCRIPTION, EXAMPLES)
     add_pid(p, "the process to profile")
     add_seconds(p, "-d", "--duration", default=10.0, help="seconds")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="profile file (.json or .json.gz)")

@@ -8,6 +8,15 @@ import sys
 
 from kvprof.commands import command, malformed, number, read_profile
 
+HELP = "summarise a recorded profile: findings first, then top tables"
+
+DESCRIPTION = """\
+Read a profile written by `kvprof record` (JSON, gzip'd when it ends in .gz)
+and print what costs the target its throughput: findings ranked by estimated
+cost (what, how much, why, what to do), then the top functions by self and
+total samples, contended locks, bouncing cache lines, threads and requests.
+Exit status 2 when the file cannot be read as a profile."""
+
 EXAMPLES = """\
 examples:
   kvprof report kvcached.prof.gz           # findings, then top functions, locks, cache lines
@@ -17,19 +26,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = command(
-        commands,
-        "report",
-        help="summarise a recorded profile: findings first, then top tables",
-        description=(
-            "Read a profile written by `kvprof record` (JSON, gzip'd when it ends in .gz)\n"
-            "and print what costs the target its throughput: findings ranked by estimated\n"
-            "cost (what, how much, why, what to do), then the top functions by self and\n"
-            "total samples, contended locks, bouncing cache lines, threads and requests.\n"
-            "Exit status 2 when the file cannot be read as a profile."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "report", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="print findings and tables as one JSON object")
     p.add_argument(

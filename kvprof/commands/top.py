@@ -7,6 +7,16 @@ from pathlib import Path
 
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
 
+HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests"
+
+DESCRIPTION = """\
+Attach kvprof's collectors to a running process and show, refreshed every
+--interval, where it loses throughput: the contention spots ranked by cost
+(known ones marked, each with why and the fix), hot functions, contended
+locks, bouncing cache lines with the socket x socket matrix, threads and
+request latency. Needs root, except --replay. Everything is detached on
+exit, on SIGTERM, and when the target exits (its last data stays on screen)."""
+
 EXAMPLES = """\
 examples:
   kvprof top -p $(pgrep -x kvcached)   # attach to a running server (root)
@@ -20,20 +30,7 @@ f flame graph (SVG), r reset counters, arrows and Enter to navigate.
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = command(
-        commands,
-        "top",
-        help="live terminal UI: findings, stacks, locks, cache lines, threads, requests",
-        description=(
-            "Attach kvprof's collectors to a running process and show, refreshed every\n"
-            "--interval, where it loses throughput: the contention spots ranked by cost\n"
-            "(known ones marked, each with why and the fix), hot functions, contended\n"
-            "locks, bouncing cache lines with the socket x socket matrix, threads and\n"
-            "request latency. Needs root, except --replay. Everything is detached on\n"
-            "exit, on SIGTERM, and when the target exits (its last data stays on screen)."
-        ),
-        examples=EXAMPLES,
-    )
+    p = command(commands, "top", HELP, DESCRIPTION, EXAMPLES)
     what = p.add_mutually_exclusive_group(required=True)
     add_pid(what, "the process to watch", required=False)
     what.add_argument(
