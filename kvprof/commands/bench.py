@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kvprof.commands import add_seconds, command, number
+from kvprof.commands import options as options_of
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
@@ -116,12 +118,15 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "-t",
         "--threads",
+        dest="workers",
         type=_counts,
         metavar="N,M",
         help="server worker threads (default: 1,2 and more up to the CPU count; "
         "--against memcached and loadgen: 2); atomics: thread counts",
     )
-    p.add_argument("--variants", type=_specs, metavar="SPEC,...", help="server variants (see above)")
+    p.add_argument(
+        "--variants", dest="servers", type=_specs, metavar="SPEC,...", help="server variants (see above)"
+    )
     client = p.add_argument_group("kvload settings (comma lists make a matrix)")
     client.add_argument("--client-threads", type=_counts, metavar="N,M", help="kvload threads")
     client.add_argument(
@@ -130,7 +135,9 @@ def add_parser(commands: Any) -> None:
         metavar="N,M",
         help="connections per kvload thread (default: 2 per worker)",
     )
-    client.add_argument("--batch-size", type=_counts, metavar="N,M", help="requests per batch (default: 100)")
+    client.add_argument(
+        "--batch-size", dest="batch", type=_counts, metavar="N,M", help="requests per batch (default: 100)"
+    )
     client.add_argument("--num-items", type=_count, metavar="N", help="distinct keys (default: 10000)")
     client.add_argument("--value-size", type=_count, metavar="BYTES", help="value size (default: 32)")
     client.add_argument(
@@ -146,8 +153,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         others = [
             args.against,
-            args.variants,
-            args.threads,
+            args.servers,
+            args.workers,
             args.output,
             args.rev,
             args.history,
@@ -158,32 +165,13 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         old, new = args.compare
         return command.compare(old, new)
-    overrides = scenarios.Overrides(
-        servers=args.variants,
-        workers=args.threads,
-        client_threads=args.client_threads,
-        connections=args.connections,
-        batch=args.batch_size,
-        num_items=args.num_items,
-        value_size=args.value_size,
-        set_pct=args.set_pct,
-        key_dist=args.key_dist,
-    )
-    options = command.Options(
-        scenario=args.scenario,
-        against=args.against,
-        runs=args.runs,
-        duration=args.duration,
-        warmup=args.warmup,
-        wait_idle=args.wait_idle,
-        output=args.output,
-        overrides=overrides,
-        instructions=args.instructions,
+    opts = replace(
+        options_of(command.Options, args),
+        overrides=options_of(scenarios.Overrides, args),
         requests=args.requests or instructions.DEFAULT_REQUESTS,
         revs=tuple(args.rev or ()),
-        history=args.history,
     )
     if args.requests and not args.instructions:
         print("kvprof bench: --requests goes with --instructions", file=sys.stderr)
         return 2
-    return command.run(options)
+    return command.run(opts)
