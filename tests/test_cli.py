@@ -39,6 +39,14 @@ def test_command_defaults_are_the_options_defaults(argv: list[str], where: str) 
     assert {k: a for k, (a, _) in compared.items()} == {k: d for k, (_, d) in compared.items()}
 
 
+def test_flame_graph_options_are_the_exports_defaults() -> None:
+    from kvprof.export.svg import MIN_WIDTH, WIDTH
+
+    args = build_parser().parse_args(["flamegraph", "x.json"])
+    assert (args.width, args.min_width) == (WIDTH, MIN_WIDTH)
+    assert build_parser().parse_args(["diff", "a.json", "b.json"]).min_width == MIN_WIDTH
+
+
 def test_record_takes_the_collectors_defaults() -> None:
     args = build_parser().parse_args(["record", "-p", "1"])
     defaults = CollectOptions.__dataclass_fields__

@@ -35,7 +35,7 @@ from kvprof.system.servers import Server, kvcached_binary
 
 KVS_D = REPO / "probes" / "kvs.d"
 CACHELINE = 64
-# DESIGN.md's probe table.
+# docs/design.md's probe table.
 DESIGN_PROBES = [
     "conn__open", "conn__close", "cmd__start", "cmd__done", "item__create", "item__delete",
     "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
@@ -94,7 +94,7 @@ def test_provider_tables_parse() -> None:
 def test_readelf_lists_every_probe_with_a_semaphore() -> None:
     """`readelf -n kvcached` lists every probe of probes/kvs.d under provider kvs, each with a semaphore."""
     names = kvs_probe_names()
-    assert sorted(names) == sorted(DESIGN_PROBES), "probes/kvs.d and DESIGN.md's probe table disagree"
+    assert sorted(names) == sorted(DESIGN_PROBES), "probes/kvs.d and docs/design.md's probe table disagree"
     notes = probe_notes(kvcached_binary())
     kvs = [n for n in notes if n.provider == "kvs"]
     assert sorted({n.name for n in kvs}) == sorted(names)
