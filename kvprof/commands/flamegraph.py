@@ -40,7 +40,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_stack_options(p)
     p.add_argument(
-        "--width", type=number(int, 200, 100000), default=1200, metavar="PX", help="SVG width (default: %(default)s)"
+        "--width",
+        type=number(int, 200, 100000),
+        default=1200,
+        metavar="PX",
+        help="SVG width (default: %(default)s)",
     )
     p.set_defaults(run=run)
 
