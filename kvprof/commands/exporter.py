@@ -46,13 +46,9 @@ def add_parser(commands: Any) -> None:
     )
     add_collectors(p)
     add_hz(p, default=HZ, why="the exporter runs for long, so lower than record's")
-    p.add_argument(
-        "--top",
-        type=number(int, 1, 1000),
-        default=20,
-        metavar="N",
-        help="functions with series of their own; the rest count as `other` (default: %(default)s)",
-    )
+    p.add_argument("--top", type=number(int, 1, 1000), default=20, metavar="N",
+                   help="functions with series of their own; the rest count as `other` "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--max-labels", type=number(int, 1, 10000), default=64, metavar="N",
                    help="at most N threads, locks and sites as label values; the rest are `other` "
                    "(default: %(default)s)")  # fmt: skip

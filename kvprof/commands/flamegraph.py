@@ -39,13 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="OUT.svg, OUT.folded or OUT.speedscope.json (default: FILE's name + .KIND.svg)",
     )
     add_stack_options(p)
-    p.add_argument(
-        "--width",
-        type=number(int, 200, 100000),
-        default=1200,
-        metavar="PX",
-        help="SVG width (default: %(default)s)",
-    )
+    p.add_argument("--width", type=number(int, 200, 100000), default=1200, metavar="PX",
+                   help="SVG width (default: %(default)s)")  # fmt: skip
     p.set_defaults(run=run)
 
 
