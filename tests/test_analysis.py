@@ -3,7 +3,7 @@
 `baseline_profile()` and `fixed_profile()` (tests/support.py) are shaped like a 5 s recording
 of kvcached -t 2 under kvload, --preset baseline and --preset fixed: the
 numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s, ~34 ms/s of
-waiting) and kvcached's probe sampling (atomic__sample 1 in 64).
+waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
 tests/test_report.py renders the same profiles.
 """
 
