@@ -394,7 +394,7 @@ def halved(p: Profile) -> Profile:
 # a 5 s recording of kvcached -t 2 under kvload, --preset baseline and --preset
 # fixed; the numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s,
 # ~34 ms/s of waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
-# tests/golden/report-*.txt are their reports, byte for byte.
+# tests/golden/report-baseline.txt is the baseline's report, byte for byte.
 
 MAIN, W0, W1 = "4100", "4101", "4102"
 DURATION, HZ, RATE = 5.0, 99, 64
