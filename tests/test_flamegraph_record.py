@@ -28,7 +28,7 @@ from kvprof.model.profile import Profile
 from kvprof.system.servers import Server
 
 HOTSPOTS = ("collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory")
-QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after test_record's LOAD: these win
+QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after support.LOAD: these win
 
 
 def _topkeys_waits(p: Profile) -> int:

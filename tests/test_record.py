@@ -23,10 +23,7 @@ from support import KVPROF, kvload, record, semaphores
 from kvprof.model.profile import Profile
 from kvprof.system.servers import Server, start_kvcached
 
-# the study's shape with some sets and zipf keys; small batches keep both workers
-# meeting on the shared sites
 ENOUGH_WAITS = 50  # contended topkeys waits for a 10 % comparison with the server's count
-LOAD = ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
 
 
 def assert_nothing_attached(server: Server) -> None:
