@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvprof import __version__
-from kvprof.commands import number
+from kvprof.commands import add_seconds, command, number
 
 DESCRIPTION = """\
 kvprof finds where a multi-threaded cache server loses its throughput: the hot
@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvprof {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    demo = commands.add_parser(
+    demo = command(
+        commands,
         "demo",
         help="run kvcached under load and show its live stats",
         description=(
@@ -59,16 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
             "multi-gets, 5 % sets) and print ops/s, hit rate, items and the topkeys\n"
             "lock's contended waits once a second. Ctrl-C, SIGTERM or --duration stop both."
         ),
-        epilog=DEMO_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=DEMO_EXAMPLES,
     )
-    demo.add_argument(
-        "-d",
-        "--duration",
-        type=number(float, above=0),
-        metavar="SEC",
-        help="stop after SEC seconds (default: run until Ctrl-C)",
-    )
+    add_seconds(demo, "-d", "--duration", help="stop after SEC seconds (default: run until Ctrl-C)")
     demo.add_argument(
         "--preset",
         choices=("baseline", "fixed"),
@@ -84,14 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="kvcached worker threads (default: %(default)s)",
     )
-    demo.add_argument(
-        "-i",
-        "--interval",
-        type=number(float, above=0),
-        default=1.0,
-        metavar="SEC",
-        help="seconds between lines (default: %(default)s)",
-    )
+    add_seconds(demo, "-i", "--interval", default=1.0, help="seconds between lines")
     demo.set_defaults(run=_run_demo)
     for name in COMMANDS:
         importlib.import_module(f"kvprof.commands.{name}").add_parser(commands)

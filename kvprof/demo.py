@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kvprof.system.servers import Server, TargetError, die_with_parent, kvload_binary, start_kvcached
+from kvprof.system.servers import Process, Server, TargetError, die_with_parent, kvload_binary, start_kvcached
 
 LOCK = "topkeys"  # the study's mutex around the top-keys table (`update_topkeys`)
 
@@ -153,33 +153,16 @@ def sample(server: Server) -> Sample:
 
 
 @dataclass
-class Load:
+class Load(Process):
     """A running kvload, its output kept in a file."""
 
-    proc: subprocess.Popen[bytes]
     argv: list[str]
-    log_path: Path
 
     def describe(self) -> str:
         return (
             f"kvload PID {self.proc.pid}, {LOAD_CONNECTIONS} connections x {LOAD_BATCH} requests "
             f"in flight, {100 - LOAD_SET_PCT}% multi-get / {LOAD_SET_PCT}% set, {LOAD_ITEMS:,} keys"
         )
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
     def cleanup(self) -> None:
         self.log_path.unlink(missing_ok=True)
@@ -204,7 +187,7 @@ def start_load(address: str, duration: float | None) -> Load:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
-    return Load(proc, argv, Path(log.name))
+    return Load(proc, Path(log.name), argv)
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:

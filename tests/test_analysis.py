@@ -1,199 +1,29 @@
 """The hotspot catalog and the findings, on hand-made profiles (no root).
 
-`baseline_profile()` and `fixed_profile()` are shaped like a 5 s recording
+`baseline_profile()` and `fixed_profile()` (tests/support.py) are shaped like a 5 s recording
 of kvcached -t 2 under kvload, --preset baseline and --preset fixed: the
 numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s, ~34 ms/s of
-waiting) and kvcached's probe sampling (atomic__sample 1 in 64).
+waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
 tests/test_report.py renders the same profiles.
 """
 
 from __future__ import annotations
 
 import pytest
+from support import DURATION, RATE, W0, W1, baseline_profile, fixed_profile
 
 from kvprof.analysis import CATALOG, Thresholds, find, match_function, match_lock, match_site
 from kvprof.analysis.findings import call_site, rank_key, summary
 from kvprof.model.profile import (
-    CacheLineStat,
     CpuStack,
     FutexWait,
-    Host,
-    LineThread,
-    LockStack,
-    LockStat,
     OffCpu,
     OffCpuStack,
     Profile,
-    RequestStat,
-    Status,
     Target,
     ThreadInfo,
-    ThreadWaits,
     Window,
 )
-
-MAIN, W0, W1 = "4100", "4101", "4102"
-DURATION, HZ, RATE = 5.0, 99, 64
-TOPKEYS_LOCK = 0x55D0_0000_1000
-WORKER = ["start_thread", "worker_main", "ev_run", "conn_on_readable", "process_command"]
-
-
-def _stacks(tid: str, topkeys: int) -> list[CpuStack]:
-    """On-CPU stacks of one worker: mostly socket I/O, plus the four contention sites."""
-    t = int(tid)
-    get = [*WORKER, "process_get"]
-    return [
-        CpuStack(t, [*WORKER, "conn_write", "__libc_writev", "tcp_sendmsg_locked_[k]"], 90),
-        CpuStack(t, [*WORKER, "conn_read", "__libc_read", "tcp_recvmsg_[k]"], 50),
-        CpuStack(t, [*get, "update_topkeys"], topkeys),
-        CpuStack(t, [*get, "collect_timings"], 12),
-        CpuStack(t, [*get, "item_copy", "on_create_item"], 9),
-        CpuStack(t, [*get, "item_copy", "account_memory"], 7),
-        CpuStack(t, [*get, "hash_find"], 20),
-        CpuStack(t, [*get, "item_copy", "__memmove_avx_unaligned_erms"], 25),
-    ]
-
-
-def _line(
-    site: str, line: int, samples: int, transfers: int, cycles: float, tids: list[str]
-) -> CacheLineStat:
-    """A cache line sampled at `site`, its samples and transfers split evenly over `tids`."""
-    per = samples // len(tids)
-    return CacheLineStat(
-        site=site,
-        line=line,
-        samples=per * len(tids),
-        transfers=transfers,
-        cross_socket_transfers=0,
-        cycles_mean=cycles,
-        cycles_max=int(cycles * 20),
-        hist_log2_cycles=[],
-        socket_matrix=[[transfers]],
-        by_thread={t: LineThread(per, transfers // len(tids), cycles) for t in tids},
-    )
-
-
-def _profile(locks: list[LockStat], lines: list[CacheLineStat], topkeys_cpu: int) -> Profile:
-    """A kvcached -t 2 recording with the given lock and cache-line sections."""
-    oncpu = _stacks(W0, topkeys_cpu) + _stacks(W1, topkeys_cpu)
-    oncpu.append(CpuStack(int(MAIN), ["main", "listener_accept", "accept4"], 2))
-    per_thread = {W0: 0, W1: 0, MAIN: 0}
-    for s in oncpu:
-        per_thread[str(s.tid)] += s.count
-    idle = ["start_thread", "worker_main", "ev_run", "epoll_wait", "do_epoll_wait_[k]", "schedule_[k]"]
-    return Profile(
-        target=Target(
-            pid=int(MAIN),
-            comm="kvcached",
-            exe="/work/main/server/build/kvcached",
-            cmdline=["kvcached", "-p", "0", "-t", "2"],
-            kvs_probes=True,
-        ),
-        host=Host(
-            kernel="6.1.0-test",
-            cpus=2,
-            topology={"0": {"core": 0, "socket": 0, "node": 0}, "1": {"core": 1, "socket": 0, "node": 0}},
-        ),
-        window=Window(start=1_700_000_000.0, duration_s=DURATION),
-        hz=HZ,
-        collectors=["oncpu", "offcpu", "locks", "cachelines", "requests"],
-        threads={
-            MAIN: ThreadInfo(
-                name="kvcached",
-                cpu_samples=per_thread[MAIN],
-                sockets={"0": per_thread[MAIN]},
-                stack_quality=0.0,
-            ),
-            W0: ThreadInfo(
-                name="kv-worker-0",
-                cpu_samples=per_thread[W0],
-                sockets={"0": per_thread[W0]},
-                stack_quality=0.02,
-            ),
-            W1: ThreadInfo(
-                name="kv-worker-1",
-                cpu_samples=per_thread[W1],
-                sockets={"0": per_thread[W1]},
-                stack_quality=0.03,
-            ),
-        },
-        oncpu=oncpu,
-        offcpu=OffCpu(
-            stacks=[
-                OffCpuStack(int(W0), idle, 1_500_000_000),
-                OffCpuStack(int(W1), idle, 1_400_000_000),
-                OffCpuStack(int(MAIN), ["main", "listener_run", "epoll_wait"], 4_900_000_000),
-            ],
-            futex=[
-                FutexWait(
-                    int(t),
-                    TOPKEYS_LOCK,
-                    [*WORKER, "update_topkeys", "kv_lock_contended", "__lll_lock_wait"],
-                    30_000,
-                    80_000_000,
-                )
-                for t in (W0, W1)
-            ]
-            if locks
-            else [],
-        ),
-        locks=locks,
-        cachelines=lines,
-        requests={
-            "get": RequestStat(count=52_000, p50_ns=2_100, p99_ns=41_000),
-            "set": RequestStat(count=2_700, p50_ns=3_300, p99_ns=60_000),
-        },
-        status=Status(
-            collectors={"oncpu": "ok", "offcpu": "ok", "locks": "ok", "cachelines": "ok", "requests": "ok"},
-            sample_rates={"cmd__start": RATE, "cmd__done": RATE, "atomic__sample": RATE},
-        ),
-    )
-
-
-def baseline_profile() -> Profile:
-    """kvcached --preset baseline: topkeys waits on both workers, four bouncing counter sites."""
-    topkeys = LockStat(
-        name="topkeys",
-        address=TOPKEYS_LOCK,
-        waits=76_000,
-        wait_ns=172_000_000,
-        max_ns=1_900_000,
-        hist_log2_ns=[],
-        by_thread={W0: ThreadWaits(39_000, 90_000_000), W1: ThreadWaits(37_000, 82_000_000)},
-        stacks=[
-            LockStack([*WORKER, "process_get", "update_topkeys", "kv_lock_contended"], 70_000, 160_000_000),
-            LockStack([*WORKER, "process_set", "update_topkeys", "kv_lock_contended"], 6_000, 12_000_000),
-        ],
-    )
-    item_lock = LockStat(
-        name="item_lock",
-        address=0x55D0_0000_8000,
-        waits=40,
-        wait_ns=600_000,
-        max_ns=90_000,
-        by_thread={W0: ThreadWaits(22, 300_000), W1: ThreadWaits(18, 300_000)},
-        stacks=[LockStack([*WORKER, "process_get", "item_get", "kv_lock_contended"], 40, 600_000)],
-    )
-    both = [W0, W1]
-    # ~700k updates/s per site = 55k samples in 5 s at 1 in 64; 40 % of them find the line elsewhere
-    lines = [
-        _line("collect_timings", 0x55D0_0001_0040, 40_000, 16_000, 240.0, both),
-        _line("collect_timings", 0x55D0_0001_0080, 15_000, 6_000, 230.0, both),
-        _line("on_create_item", 0x55D0_0002_0000, 55_000, 22_000, 260.0, both),
-        _line("on_delete_item", 0x55D0_0002_0000, 55_000, 22_000, 250.0, both),
-        _line("account_memory", 0x55D0_0003_0000, 110_000, 44_000, 270.0, both),
-    ]
-    return _profile([topkeys, item_lock], lines, topkeys_cpu=30)
-
-
-def fixed_profile() -> Profile:
-    """kvcached --preset fixed: no topkeys waits, every counter line written by one thread."""
-    lines = []
-    for i, site in enumerate(["collect_timings", "on_create_item", "on_delete_item", "account_memory"]):
-        for j, tid in enumerate((W0, W1)):
-            # per-thread slots: a transfer only when the owner moved to the other CPU
-            lines.append(_line(site, 0x55D0_0010_0000 + i * 0x1000 + j * 64, 30_000, 300, 38.0, [tid]))
-    return _profile([], lines, topkeys_cpu=14)
 
 
 def _by_id(findings: list, fid: str):  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import wait_until
 
 from kvprof.system.servers import Server
 
@@ -92,15 +93,6 @@ def victim(kvcached_factory: Callable[..., Server], wire, assert_rss_bounded) ->
 
 def connections(server: Server) -> int:
     return int(server.stats()["curr_connections"])
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # --- garbage ---------------------------------------------------------------
@@ -285,7 +277,7 @@ def test_client_disconnects_mid_value(victim: Victim, wire, how: str) -> None:
     s = socket.create_connection((victim.server.host, victim.server.port), timeout=5)
     s.sendall(b"set sentinel:small 0 0 100\r\n" + b"h" * 50)
     s.close()
-    assert wait_for(lambda: connections(victim.server) <= baseline), "half-sent connections were not closed"
+    assert wait_until(lambda: connections(victim.server) <= baseline), "half-sent connections were not closed"
     w = wire(victim.server)
     assert w.values(b"get " + b" ".join(b"half%d" % i for i in range(20)) + b"\r\n") == []
     victim.assert_unharmed()
@@ -305,7 +297,7 @@ def test_client_disconnects_before_reading_a_large_reply(victim: Victim, wire) -
         s.sendall(command * 10)
         time.sleep(0.05)
         s.close()
-    assert wait_for(lambda: connections(victim.server) <= baseline), "reset connections were not closed"
+    assert wait_until(lambda: connections(victim.server) <= baseline), "reset connections were not closed"
     victim.assert_unharmed()
 
 
@@ -393,7 +385,7 @@ def test_more_connections_than_the_limit(
             return False
 
         for _ in range(2):
-            assert wait_for(reconnect, timeout=5), "no new connection accepted after closing 3"
+            assert wait_until(reconnect, timeout=5), "no new connection accepted after closing 3"
         # one slot left: the stats connection
         assert int(server.stats()["rejected_connections"]) >= 4
     finally:

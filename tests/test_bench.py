@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pyperf
 import pytest
+from support import KVPROF
 
 from kvprof.bench import atomics, history, instructions, placement, results, scenarios, stats, table
 from kvprof.bench.loadgen import parse_memcaslap
 from kvprof.bench.runner import RunResult, VariantRuns
 from kvprof.bench.variants import ClientConfig, Variant, parse_server
 from kvprof.model.topology import Topology
-
-KVPROF = [sys.executable, "-m", "kvprof"]
 
 
 def _fits(lines: list[str]) -> bool:
@@ -287,7 +286,7 @@ def _fake_sysfs(root: Path, sockets: int, cores: int, smt: int) -> None:
 def test_atomics_placement_two_sockets(tmp_path: Path) -> None:
     """Same-socket fills distinct cores of socket 0 first; cross-socket alternates sockets."""
     _fake_sysfs(tmp_path, sockets=2, cores=2, smt=2)  # cpu0-1 s0, cpu2-3 s1, cpu4-5 s0 SMT, cpu6-7 s1 SMT
-    cpus = atomics.usable_cpus(Topology.read(tmp_path))
+    cpus = placement.usable_cpus(Topology.read(tmp_path))
     assert atomics.placement(cpus, 2, atomics.SAME) == [0, 1]
     assert atomics.placement(cpus, 3, atomics.SAME) == [0, 1, 4]
     assert atomics.placement(cpus, 2, atomics.CROSS) == [0, 2]
@@ -297,13 +296,13 @@ def test_atomics_placement_two_sockets(tmp_path: Path) -> None:
     assert "shared t=2 cross-socket" in names and "shared t=1 cross-socket" not in names
     cross = next(c for c in configs if c.name == "shared t=2 cross-socket")
     assert cross.cpus == (0, 2) and cross.nsockets == 2
-    assert atomics.usable_cpus(Topology.read(tmp_path), allowed={0, 1})[-1].cpu == 1
+    assert placement.usable_cpus(Topology.read(tmp_path), allowed={0, 1})[-1].cpu == 1
 
 
 def test_atomics_one_socket_has_no_cross_variant(tmp_path: Path) -> None:
     """On one socket every configuration stays there; thread counts are 1..ncpu (then doublings)."""
     _fake_sysfs(tmp_path, sockets=1, cores=2, smt=1)
-    cpus = atomics.usable_cpus(Topology.read(tmp_path))
+    cpus = placement.usable_cpus(Topology.read(tmp_path))
     assert all(c.where == atomics.SAME for c in atomics.plan(cpus, atomics.thread_counts(len(cpus))))
     assert atomics.thread_counts(2) == [1, 2]
     assert atomics.thread_counts(12) == [1, 2, 3, 4, 5, 6, 7, 8, 12]
@@ -313,7 +312,7 @@ def test_atomics_one_socket_has_no_cross_variant(tmp_path: Path) -> None:
 def test_atomics_table_two_sockets(tmp_path: Path) -> None:
     """The atomics table: ratios to local and padded per placement, a cross-socket line, 80 columns."""
     _fake_sysfs(tmp_path, sockets=2, cores=2, smt=1)
-    configs = atomics.plan(atomics.usable_cpus(Topology.read(tmp_path)), [1, 2])
+    configs = atomics.plan(placement.usable_cpus(Topology.read(tmp_path)), [1, 2])
     speed = {"local": 1000e6, "padded": 400e6, "false-shared": 100e6, "shared": 80e6}
     done = [
         atomics.ConfigRuns(c, [speed[c.mode] / (2 if c.where == atomics.CROSS else 1)] * 2, [{}, {}])
@@ -472,7 +471,7 @@ def test_pingpong_round_trip_is_measured() -> None:
     """atomics --mode pingpong hands a line between two pinned threads: a round trip of tens to
     thousands of ns (never 0 or the time slice of one shared CPU); it needs exactly two threads."""
     bad = subprocess.run(
-        [str(atomics.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
+        [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
     )
     assert bad.returncode == 64 and "pingpong: 2" in bad.stderr
     cpus = placement.probe_cpus() or (0, 1)

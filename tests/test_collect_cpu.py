@@ -10,22 +10,20 @@ this process, and every program id we loaded gone from the kernel.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
-import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import bpf_frames, stop_contend
+from support import collecting, our_bpf_fds, snapshot
 
 from kvprof.collect import CollectOptions
-from kvprof.model.profile import Profile, Target
+from kvprof.model.profile import Profile
 from kvprof.model.topology import parse_cpulist
 from kvprof.system.servers import Server, kvload_binary
 
@@ -45,89 +43,6 @@ def thread_names(pid: int) -> dict[int, str]:
     """tid -> comm of a running process."""
     task = Path(f"/proc/{pid}/task")
     return {int(t.name): (t / "comm").read_text().strip() for t in task.iterdir()}
-
-
-# ---- what we hold in the kernel -------------------------------------------
-
-
-def our_bpf_fds() -> dict[int, str]:
-    """fd -> kind (bpf-prog, bpf-map, perf_event, ...) of this process's BPF and perf fds."""
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("anon_inode:") and ("bpf" in link or "perf_event" in link):
-            out[int(fd)] = link.removeprefix("anon_inode:").strip("[]")
-    return out
-
-
-def prog_ids(fds: dict[int, str]) -> set[int]:
-    """The kernel ids of the BPF programs behind these fds."""
-    ids = set()
-    for fd, kind in fds.items():
-        if kind == "bpf-prog":
-            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
-    return ids
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_SYS_BPF = 321  # x86_64
-_BPF_PROG_GET_FD_BY_ID = 13
-
-
-def prog_loaded(prog_id: int) -> bool:
-    """True while the kernel still has a BPF program with this id."""
-    attr = (ctypes.c_uint32 * 4)(prog_id, 0, 0, 0)
-    fd = _libc.syscall(_SYS_BPF, _BPF_PROG_GET_FD_BY_ID, ctypes.byref(attr), ctypes.sizeof(attr))
-    if fd >= 0:
-        os.close(fd)
-        return True
-    return False
-
-
-def assert_nothing_left(before: dict[int, str], loaded: set[int]) -> None:
-    """No BPF/perf fd beyond those held before, and every program we loaded unloaded."""
-    left = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
-    assert not left, f"fds still open after close(): {left}"
-    deadline = time.monotonic() + 5.0
-    while any(prog_loaded(i) for i in loaded) and time.monotonic() < deadline:
-        time.sleep(0.05)  # programs are freed after an RCU grace period
-    assert not [i for i in loaded if prog_loaded(i)], "BPF programs still loaded after close()"
-
-
-@contextlib.contextmanager
-def collecting(pid: int, hz: int = HZ, offcpu_sample: int = 16) -> Iterator[tuple[list[Any], set[int]]]:
-    """oncpu and offcpu attached to pid; yields them and the program ids they
-    loaded; always closes them and checks nothing of ours is left."""
-    from kvprof.collect.offcpu import OffCpuCollector
-    from kvprof.collect.oncpu import OnCpuCollector
-
-    before = our_bpf_fds()
-    opts = CollectOptions(hz=hz, offcpu_sample=offcpu_sample)
-    collectors: list[Any] = [OnCpuCollector(pid, opts), OffCpuCollector(pid, opts)]
-    loaded: set[int] = set()
-    try:
-        for c in collectors:
-            assert c.applies() is None
-            c.start()
-        loaded = prog_ids({fd: k for fd, k in our_bpf_fds().items() if fd not in before})
-        assert loaded, "no BPF program fd found while attached"
-        yield collectors, loaded
-    finally:
-        for c in collectors:
-            c.close()
-    assert_nothing_left(before, loaded)
-
-
-def snapshot(pid: int, collectors: list[Any]) -> Profile:
-    profile = Profile(Target(pid))
-    for c in collectors:
-        c.contribute(profile)
-    return profile
 
 
 def self_samples(profile: Profile, tids: set[int] | None = None) -> Counter[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import pin_workers
-from test_probes import assert_detached, worker_tids
+from support import assert_detached, worker_tids
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.cachelines import CachelinesCollector, classify_transfers

@@ -7,10 +7,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import kvprof
 
 from kvprof.commands.doctor import format_check
 from kvprof.system import doctor
@@ -21,13 +21,7 @@ RELEASE = "6.18.44-test"
 
 
 def run_doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvprof.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-    )
+    return kvprof("doctor", *args, timeout=180)
 
 
 def _tracing() -> Path:

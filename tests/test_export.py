@@ -14,13 +14,13 @@ import os
 import random
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import GOLDEN, SMALL, SVG_NS, kvprof, read_svg
 
 from kvprof.export import KINDS, ExportError, Options, export, format_of, write
 from kvprof.export.diff import GREW, SHRANK, diff
@@ -33,68 +33,7 @@ from kvprof.export.tree import Flame
 from kvprof.model.profile import CpuStack, Profile, Target, ThreadInfo, Window
 from kvprof.system.servers import KVCACHED
 
-GOLDEN = Path(__file__).parent / "golden"
-SMALL = GOLDEN / "flame-small.json"
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
-SVG_NS = "{http://www.w3.org/2000/svg}"
 REGEN = os.environ.get("KVPROF_REGEN_GOLDEN") == "1"
-
-
-@dataclass
-class SvgFrame:
-    name: str
-    tip: str
-    start: int
-    value: int
-    x: float
-    y: float
-    width: float
-    fill: str
-    cls: str
-
-
-@dataclass
-class SvgDoc:
-    root: ET.Element
-    frames: list[SvgFrame]
-
-    def attr(self, name: str) -> str:
-        return self.root.attrib[f"data-{name}"]
-
-    def text(self, element_id: str) -> str:
-        for el in self.root.iter(f"{SVG_NS}text"):
-            if el.get("id") == element_id:
-                return el.text or ""
-        raise AssertionError(f"no text element #{element_id}")
-
-    def named(self, name: str) -> list[SvgFrame]:
-        return [f for f in self.frames if f.name == name]
-
-
-def read_svg(path: Path) -> SvgDoc:
-    """Parse a kvprof flame-graph SVG (fails the test if it is not well-formed XML)."""
-    root = ET.parse(path).getroot()
-    group = next(g for g in root.iter(f"{SVG_NS}g") if g.get("id") == "frames")
-    frames = []
-    for g in group:
-        title = g.find(f"{SVG_NS}title")
-        rect = g.find(f"{SVG_NS}rect")
-        assert title is not None and rect is not None and title.text
-        name, _, tip = title.text.partition("\n")
-        frames.append(
-            SvgFrame(
-                name=name,
-                tip=tip,
-                start=int(g.attrib["data-s"]),
-                value=int(g.attrib["data-v"]),
-                x=float(rect.attrib["x"]),
-                y=float(rect.attrib["y"]),
-                width=float(rect.attrib["width"]),
-                fill=rect.attrib["fill"],
-                cls=g.get("class", ""),
-            )
-        )
-    return SvgDoc(root, frames)
 
 
 def small() -> Profile:
@@ -447,18 +386,14 @@ def test_diff_colours_what_shrank_blue_and_what_grew_red(tmp_path: Path) -> None
 # ---- the commands ----------------------------------------------------------------------
 
 
-def _kvprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KVPROF, *args], capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
-
-
 def test_cli_flamegraph_writes_each_format(tmp_path: Path) -> None:
     """`kvprof flamegraph FILE --kind K -o OUT` for the three formats; status line on stderr."""
     for name in ("l.svg", "l.folded", "l.speedscope.json"):
-        r = _kvprof("flamegraph", str(SMALL), "--kind", "locks", "-o", str(tmp_path / name))
+        r = kvprof("flamegraph", str(SMALL), "--kind", "locks", "-o", str(tmp_path / name))
         assert r.returncode == 0, r.stderr
         assert r.stderr.startswith(f"wrote {tmp_path / name}: locks, 2.8 ms")
     assert (tmp_path / "l.folded").read_text() == (GOLDEN / "flame-small.locks.folded").read_text()
-    r = _kvprof("flamegraph", str(SMALL), cwd=tmp_path)  # default name: next to nothing, in the cwd
+    r = kvprof("flamegraph", str(SMALL), cwd=tmp_path)  # default name: next to nothing, in the cwd
     assert r.returncode == 0 and (tmp_path / "flame-small.cpu.svg").is_file(), r.stderr
 
 
@@ -481,7 +416,7 @@ def test_cli_flamegraph_writes_each_format(tmp_path: Path) -> None:
 )
 def test_cli_bad_request_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
     """A bad kind, extension or value: exactly one line on stderr, status 2, no traceback."""
-    r = _kvprof("flamegraph", str(SMALL), *args, cwd=tmp_path)
+    r = kvprof("flamegraph", str(SMALL), *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr == message + "\n" and r.stdout == ""
 
 
@@ -489,7 +424,7 @@ def test_cli_empty_profile_warns_and_exits_0(tmp_path: Path) -> None:
     """A profile without stacks: a warning, an SVG that says "no samples", status 0."""
     src = tmp_path / "empty.json"
     profile_of([]).save(src)
-    r = _kvprof("flamegraph", str(src), "-o", str(tmp_path / "e.svg"))
+    r = kvprof("flamegraph", str(src), "-o", str(tmp_path / "e.svg"))
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith(f"kvprof flamegraph: warning: {src} has no cpu samples")
     assert read_svg(tmp_path / "e.svg").text("empty").startswith("no samples")
@@ -499,7 +434,7 @@ def test_cli_bad_profile_is_one_line(tmp_path: Path) -> None:
     """A missing or non-profile file: one line, status 2."""
     (tmp_path / "x.json").write_text("[]")
     for path in (tmp_path / "missing.json", tmp_path / "x.json"):
-        r = _kvprof("flamegraph", str(path), "-o", str(tmp_path / "o.svg"))
+        r = kvprof("flamegraph", str(path), "-o", str(tmp_path / "o.svg"))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
@@ -508,13 +443,13 @@ def test_cli_diff(tmp_path: Path) -> None:
     new = small()
     new.oncpu = [s for s in new.oncpu if "update_topkeys" not in s.frames]
     new.save(tmp_path / "fixed.json")
-    r = _kvprof("diff", str(SMALL), str(tmp_path / "fixed.json"), "--negate", "-o", str(tmp_path / "d.svg"))
+    r = kvprof("diff", str(SMALL), str(tmp_path / "fixed.json"), "--negate", "-o", str(tmp_path / "d.svg"))
     assert r.returncode == 0, r.stderr
     assert "cpu diff in BASE's shape" in r.stderr
     doc = read_svg(tmp_path / "d.svg")
     assert doc.named("update_topkeys")[0].cls == "down"
     assert doc.text("title") == "Differential on-CPU flame graph: flame-small -> fixed"
-    r = _kvprof("diff", str(SMALL), str(SMALL), "-o", str(tmp_path / "d.folded"))
+    r = kvprof("diff", str(SMALL), str(SMALL), "-o", str(tmp_path / "d.folded"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "name it .svg" in r.stderr
 
 

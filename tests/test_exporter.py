@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -23,18 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
-from test_probes import semaphores
+from support import KVPROF, exposition, semaphores
 
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
 from kvprof.system.servers import Server, die_with_parent, free_port, kvload_binary
 from kvprof.views.prometheus import (
     OTHER,
-    Families,
     Labeler,
     TopFunctions,
     parse_listen,
@@ -44,28 +38,8 @@ from kvprof.views.prometheus import (
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "top-baseline.json"
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
 PROMETHEUS = shutil.which("prometheus")
 PER_THREAD = ("kvprof_lock_waits_total", "kvprof_lock_wait_seconds_total", "kvprof_cacheline_samples_total")
-
-
-class _Static:
-    def __init__(self, families: Families) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families.families.values()
-
-
-def exposition(families: Families) -> dict[str, list[Any]]:
-    """/metrics text of `families`, parsed back: sample name -> samples."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Static(families))
-    out: dict[str, list[Any]] = {}
-    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
 
 
 def test_names_follow_prometheus_conventions() -> None:

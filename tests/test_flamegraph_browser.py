@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_export import SMALL, read_svg
+from support import SMALL, read_svg
 
 from kvprof.export import write
 from kvprof.model.profile import Profile

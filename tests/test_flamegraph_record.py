@@ -13,14 +13,12 @@ show it.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_export import KVPROF, SvgDoc, SvgFrame, read_svg
-from test_record import load, record
+from support import SvgDoc, SvgFrame, kvload, kvprof, read_svg, record
 
 from kvprof.analysis.findings import is_wrapper
 from kvprof.export.diff import SAME_BELOW
@@ -30,7 +28,7 @@ from kvprof.model.profile import Profile
 from kvprof.system.servers import Server
 
 HOTSPOTS = ("collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory")
-QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after test_record's LOAD: these win
+QUIET_ITEM_LOCKS = ("--key-dist=uniform", "--set-pct=5")  # after support.LOAD: these win
 
 
 def _topkeys_waits(p: Profile) -> int:
@@ -40,7 +38,7 @@ def _topkeys_waits(p: Profile) -> int:
 def _record(start: Callable[..., Server], preset: str, tmp_path: Path, tries: int) -> tuple[Path, Path]:
     server = start("-t", "2", "--preset", preset)
     out, svg = tmp_path / f"{preset}.json.gz", tmp_path / f"{preset}-cpu.svg"
-    with load(server, 120, *QUIET_ITEM_LOCKS) as kv:
+    with kvload(server, 120, *QUIET_ITEM_LOCKS) as kv:
         time.sleep(0.5)
         for _ in range(tries):
             r = record(server.pid, out, "-d", "2", "--hz", "499", "--collectors", "oncpu,offcpu,locks",
@@ -55,7 +53,7 @@ def _record(start: Callable[..., Server], preset: str, tmp_path: Path, tries: in
 
 
 def _kvprof(*args: str) -> None:
-    r = subprocess.run([*KVPROF, *args], capture_output=True, text=True, timeout=60, check=False)
+    r = kvprof(*args, timeout=60)
     assert r.returncode == 0, r.stderr
 
 

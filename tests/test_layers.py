@@ -1,14 +1,24 @@
-"""The layering rules of DESIGN.md, checked on the source: bcc is imported only
-in kvprof/collect/, textual only in kvprof/views/tui/."""
+"""The layering rules of docs/design.md, checked on the source and on what
+importing each room loads: bcc is imported only in kvprof/collect/, textual
+only in kvprof/views/tui/; the import graph of kvprof/ has no cycle (imports
+inside functions included); each room loads no module of a later stage; no
+module imports another's `_private` names; kvprof/'s top level stays small;
+no test module imports another (they share tests/support.py)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-KVPROF = Path(__file__).resolve().parent.parent / "kvprof"
+REPO = Path(__file__).resolve().parent.parent
+KVPROF = REPO / "kvprof"
+TESTS = REPO / "tests"
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -30,3 +40,230 @@ def test_module_is_imported_only_in_its_package(module: str, home: str) -> None:
         if not p.relative_to(KVPROF).as_posix().startswith(home + "/") and module in imported_roots(p)
     ]
     assert not outside, f"{module} imported outside kvprof/{home}/: {outside}"
+
+
+# ---- the import graph ------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(KVPROF.rglob("*.py"))}
+
+
+def imports_of(name: str) -> Iterator[tuple[ast.ImportFrom | ast.Import, str, str | None]]:
+    """(node, the kvprof module it imports, the name taken from it or None) for
+    every import in module `name`, at any depth. `from kvprof.x import y` is
+    module kvprof.x.y when that is a module, else name y of kvprof.x."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    yield node, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{up}.{base}" if base else up
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    yield node, f"{base}.{alias.name}", None
+                elif base in MODULES:
+                    yield node, base, alias.name
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {name: {target for _, target, _ in imports_of(name)} - {name} for name in MODULES}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of `graph`, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def test_strongly_connected_finds_a_cycle() -> None:
+    """The check itself: a -> b -> c -> a is one component, d alone."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
+
+
+def test_the_graph_sees_imports_inside_functions() -> None:
+    """export/__init__ imports export.pprof only inside write(): the graph has the edge."""
+    assert "kvprof.export.pprof" in import_graph()["kvprof.export"]
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    cycles = [c for c in strongly_connected(graph) if len(c) > 1]
+    described = [{m: sorted(graph[m] & set(c)) for m in c} for c in cycles]
+    assert not cycles, f"import cycles in kvprof/ (module -> its imports in the cycle): {described}"
+
+
+# left to the work that replaces it (one percentile function in kvprof/analysis, issue 15)
+KNOWN_PRIVATE = ("kvprof/views/tui/data.py:28 imports kvprof.model.delta._hist_quantile",)
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """`from kvprof.x import _name`, or `x._name` on an imported kvprof module."""
+    found = []
+    for name, path in MODULES.items():
+        aliases = {}  # local name -> kvprof module, for `import kvprof.x as m` / `from kvprof import x`
+        for node, target, taken in imports_of(name):
+            for alias in node.names:
+                if taken is None and target.endswith(alias.name.split(".")[-1]):
+                    aliases[alias.asname or alias.name] = target
+                if taken == alias.name and taken.startswith("_") and not taken.startswith("__"):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {target}.{taken}")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(
+                    f"{path.relative_to(REPO)}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}"
+                )
+    found = [f for f in found if f not in KNOWN_PRIVATE]
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_at_most_three_loose_modules_at_the_top_level() -> None:
+    """Besides cli.py and __main__.py (and the package's __init__.py), kvprof/'s
+    modules live in rooms (sub-packages)."""
+    loose = sorted(
+        p.name for p in KVPROF.glob("*.py") if p.name not in ("cli.py", "__main__.py", "__init__.py")
+    )
+    assert len(loose) <= 3, f"loose modules at kvprof/'s top level: {loose}"
+
+
+def test_the_package_root_imports_nothing_of_kvprof() -> None:
+    """kvprof/__init__.py (REPO, SERVER_BUILD, the version) is loaded by every room."""
+    assert not import_graph()["kvprof"]
+
+
+# ---- the rooms, in the order data flows -------------------------------------------------
+
+# probes -> collectors -> session -> model -> analysis -> views and exports; model is
+# the plain-dataclass room every stage may load; system (doctor, the server launcher)
+# reads ELF and server stats through collect; bench and the commands are clients.
+SESSION = "kvprof.collect.session"
+CLIENTS = ("kvprof.commands", "kvprof.cli", "kvprof.bench", "kvprof.demo", "kvprof.record")
+LATER = {
+    "kvprof.model": ("kvprof.collect", "kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system",
+                     *CLIENTS),
+    "kvprof.collect": (SESSION, "kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system",
+                       *CLIENTS),
+    SESSION: ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system", *CLIENTS),
+    "kvprof.analysis": ("kvprof.collect", "kvprof.views", "kvprof.export", "kvprof.system", *CLIENTS),
+    "kvprof.export": ("kvprof.collect", "kvprof.views", "kvprof.system", *CLIENTS),
+    "kvprof.views": CLIENTS,
+    "kvprof.system": ("kvprof.analysis", "kvprof.views", "kvprof.export", *CLIENTS),
+    "kvprof.bench": ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.commands", "kvprof.cli"),
+    # building the parser (`kvprof --help`) loads no stage: each command imports its
+    # stage when it runs (kvprof.collect only for the collectors' defaults, without bcc)
+    "kvprof.commands": ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system", "kvprof.bench",
+                        SESSION, "kvprof.record", "kvprof.demo"),
+}  # fmt: skip
+
+LOADED = """
+import importlib, json, sys
+missing = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name.split(".")[0] == "kvprof":
+            raise
+        missing[name] = e.name  # a Debian package not installed here
+print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("kvprof")), "missing": missing}))
+"""
+
+
+def in_room(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+@pytest.mark.parametrize("room", sorted(LATER))
+def test_a_room_loads_no_later_stage(room: str) -> None:
+    """A fresh interpreter imports every module of the room; sys.modules then holds
+    no kvprof module of a room that comes after it."""
+    inner = [r for r in LATER if r != room and in_room(r, room)]  # the session, within kvprof.collect
+    own = [m for m in MODULES if in_room(m, room) and not any(in_room(m, r) for r in inner)]
+    assert own, f"no modules in {room}"
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, *own], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    later = [m for m in result["loaded"] if any(in_room(m, r) for r in LATER[room])]
+    assert not later, f"importing {room} loads later stages: {later} (missing here: {result['missing']})"
+
+
+# left to the work that splits collect/pyspy.py (a collector, and record's and top's
+# py-spy set-up, which belongs to the session's clients; issue 15)
+KNOWN_LATER = ("kvprof.collect.pyspy -> kvprof.collect.session",)
+
+# rooms whose run-time imports (inside functions) may reach a later stage: the
+# commands import their stage when they run, `top --demo` starts the demo
+LAZY_CLIENTS = ("kvprof.commands", "kvprof.views")
+
+
+@pytest.mark.parametrize("room", sorted(r for r in LATER if r not in LAZY_CLIENTS))
+def test_a_room_imports_no_later_stage_even_inside_functions(room: str) -> None:
+    """The same order on the import graph, where imports inside functions count too."""
+    inner = [r for r in LATER if r != room and in_room(r, room)]
+    later = sorted(
+        f"{m} -> {target}"
+        for m, targets in import_graph().items()
+        if in_room(m, room) and not any(in_room(m, r) for r in inner)
+        for target in targets
+        if any(in_room(target, r) for r in LATER[room])
+    )
+    later = [e for e in later if e not in KNOWN_LATER]
+    assert not later, f"{room} imports later stages: {later}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share helpers through tests/support.py (and fixtures through conftest.py)."""
+    test_modules = {p.stem for p in TESTS.glob("test_*.py")}
+    found = [
+        f"{p.name} imports {root}"
+        for p in sorted(TESTS.glob("*.py"))
+        for root in sorted(imported_roots(p) & test_modules)
+    ]
+    assert not found, found

@@ -11,11 +11,11 @@ import gzip
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from support import KVPROF
 
 from kvprof.export import ExportError, export, format_of
 from kvprof.export.folded import parse_folded
@@ -25,7 +25,6 @@ from kvprof.model.profile import Profile
 
 HERE = Path(__file__).parent
 PROFILES = [HERE / "fixtures" / "top-baseline.json", HERE / "golden" / "flame-small.json"]
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
 GO = shutil.which("go")
 needs_go = pytest.mark.skipif(GO is None, reason="no `go` (Debian golang-go): run scripts/provision.sh")
 

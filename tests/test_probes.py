@@ -18,27 +18,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import os
 import re
 import socket
-import subprocess
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import load
 import pytest
+from support import assert_detached, probe_notes, semaphores, worker_tids
 
 from kvprof import REPO
 from kvprof.system.servers import Server, kvcached_binary
 
 KVS_D = REPO / "probes" / "kvs.d"
-UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
 CACHELINE = 64
-# DESIGN.md's probe table.
+# docs/design.md's probe table.
 DESIGN_PROBES = [
     "conn__open", "conn__close", "cmd__start", "cmd__done", "item__create", "item__delete",
     "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
@@ -94,34 +91,10 @@ def test_provider_tables_parse() -> None:
 # ---- the binary's notes --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Note:
-    provider: str
-    name: str
-    location: int
-    semaphore: int
-    arguments: tuple[str, ...]
-
-
-def probe_notes(binary: Path) -> list[Note]:
-    """Every stapsdt note of `binary`, as `readelf -n` prints them."""
-    out = subprocess.run(["readelf", "-n", str(binary)], capture_output=True, text=True, check=True).stdout
-    notes = []
-    note = re.compile(
-        r"Provider: (\S+)\s+Name: (\S+)\s+"
-        r"Location: (0x[0-9a-f]+), Base: 0x[0-9a-f]+, Semaphore: (0x[0-9a-f]+)\s+"
-        r"Arguments: ?([^\n]*)"
-    )
-    for m in note.finditer(out):
-        args = tuple(m.group(5).split())
-        notes.append(Note(m.group(1), m.group(2), int(m.group(3), 16), int(m.group(4), 16), args))
-    return notes
-
-
 def test_readelf_lists_every_probe_with_a_semaphore() -> None:
     """`readelf -n kvcached` lists every probe of probes/kvs.d under provider kvs, each with a semaphore."""
     names = kvs_probe_names()
-    assert sorted(names) == sorted(DESIGN_PROBES), "probes/kvs.d and DESIGN.md's probe table disagree"
+    assert sorted(names) == sorted(DESIGN_PROBES), "probes/kvs.d and docs/design.md's probe table disagree"
     notes = probe_notes(kvcached_binary())
     kvs = [n for n in notes if n.provider == "kvs"]
     assert sorted({n.name for n in kvs}) == sorted(names)
@@ -161,51 +134,6 @@ def _declared_arity(probe: str) -> int:
 
 
 # ---- attaching and detaching ---------------------------------------------
-
-
-def _running_image(pid: int) -> tuple[Path, str]:
-    """The process's executable as /proc/PID/exe (readable even if rebuilt since) and its path."""
-    exe = Path(f"/proc/{pid}/exe")
-    return exe, str(exe.readlink()).removesuffix(" (deleted)")
-
-
-def _load_base(pid: int) -> int:
-    """Where the executable is mapped (its offset-0 mapping); 0 for a non-PIE executable."""
-    exe, path = _running_image(pid)
-    with exe.open("rb") as f:
-        e_type = int.from_bytes(f.read(18)[16:18], "little")
-    if e_type == 2:  # ET_EXEC: link-time addresses are run-time addresses
-        return 0
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].removesuffix(" (deleted)") == path and int(parts[2], 16) == 0:
-            return int(parts[0].split("-")[0], 16)
-    raise AssertionError(f"{path} is not mapped in {pid}")
-
-
-def semaphores(server: Server) -> dict[str, int]:
-    """The current value of every kvs probe semaphore in the running server."""
-    base = _load_base(server.pid)
-    values = {}
-    with Path(f"/proc/{server.pid}/mem").open("rb") as mem:
-        for n in probe_notes(_running_image(server.pid)[0]):
-            if n.provider == "kvs" and n.name not in values:
-                mem.seek(base + n.semaphore)
-                values[n.name] = int.from_bytes(mem.read(2), "little")
-    return values
-
-
-def assert_detached(server: Server) -> None:
-    """Nothing of ours in uprobe_events, and no kvs semaphore of the server still raised."""
-    if UPROBE_EVENTS.exists():
-        # BCC names the uprobes it creates through tracefs ..._bcc_<tracer pid>;
-        # through the perf uprobe PMU (newer kernels) it creates none there.
-        ours = f"bcc_{os.getpid()}"
-        left = [line for line in UPROBE_EVENTS.read_text().splitlines() if ours in line]
-        assert not left, f"uprobes left behind: {left}"
-    if server.alive():
-        raised = {k: v for k, v in semaphores(server).items() if v}
-        assert not raised, f"semaphores still raised after detaching: {raised}"
 
 
 class Attachment:
@@ -300,19 +228,6 @@ def _plain(v: Any) -> Any:
 
 def cstr(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
-
-
-def worker_tids(server: Server) -> dict[int, int]:
-    """tid -> worker index, from the kv-worker-N thread names."""
-    out = {}
-    for task in Path(f"/proc/{server.pid}/task").iterdir():
-        m = re.fullmatch(r"kv-worker-(\d+)", (task / "comm").read_text().strip())
-        if m:
-            out[int(task.name)] = int(m.group(1))
-    return out
-
-
-# ---- a tiny blocking text-protocol client --------------------------------
 
 
 class Wire:

@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import load
 import pytest
 from conftest import NOBODY, Unprivileged
+from support import KVPROF, kvprof
 
 from kvprof import REPO
 from kvprof.collect.elf import ElfFile, open_process, read_probes
@@ -26,12 +26,6 @@ KVS_PROBES = {
     "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
 }  # fmt: skip
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
-
-
-def kvprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvprof.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
 
 
 def probes_json(pid: int, *args: str) -> dict[str, object]:
@@ -106,7 +100,7 @@ def test_counts_hits_under_load_and_detaches(kvcached_factory: Callable[..., Ser
     ks = load.keys("pc-", 200)
     assert load.run(server.host, server.port, [load.set_batches(ks, "v" * 32, 50)]).stored == len(ks)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvprof.cli", "probes", "-p", str(server.pid), "-d", "1", "--json"],
+        [*KVPROF, "probes", "-p", str(server.pid), "-d", "1", "--json"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
+from support import wait_until
 
 from kvprof.system.servers import Server
 
@@ -94,16 +95,6 @@ def counters(server: Server, *names: str) -> dict[str, int]:
 def deltas(before: dict[str, int], server: Server) -> dict[str, int]:
     after = counters(server, *before)
     return {name: after[name] - before[name] for name in before}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
-    """Poll `predicate` until true or `timeout` seconds passed; its last value."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
 
 
 # --- retrieval -------------------------------------------------------------

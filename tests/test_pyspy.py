@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Unprivileged
+from support import KVPROF
 
 from kvprof.collect.pyspy import (
     READ_TRIES,
@@ -33,7 +34,6 @@ from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import Topology
 from kvprof.system.servers import Server, die_with_parent
 
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
 PYCLIENT = Path(__file__).parent / "programs" / "pyclient.py"
 HOT = "hammer_kvcached_with_gets"
 

@@ -10,59 +10,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Unprivileged, bpf_frames, pin_workers
-from test_probes import semaphores
+from support import KVPROF, kvload, record, semaphores
 
 from kvprof.model.profile import Profile
-from kvprof.system.servers import Server, kvload_binary, start_kvcached
+from kvprof.system.servers import Server, start_kvcached
 
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
-# the study's shape with some sets and zipf keys; small batches keep both workers
-# meeting on the shared sites
 ENOUGH_WAITS = 50  # contended topkeys waits for a 10 % comparison with the server's count
-LOAD = ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
-
-
-@contextmanager
-def load(server: Server, seconds: float, *extra: str) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [
-            str(kvload_binary()),
-            f"--server={server.address}",
-            f"--duration={seconds}",
-            "--quiet",
-            *LOAD,
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.communicate(timeout=30)
-
-
-def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def assert_nothing_attached(server: Server) -> None:
@@ -95,7 +56,7 @@ def test_baseline_profile_names_the_contention(
     """Baseline under load: topkeys waits and the four counter sites, per thread, matching `stats locks`."""
     server = kvcached_factory("-t", "2", "--preset", "baseline")
     out = tmp_path / "base.json.gz"
-    with load(server, 60) as kv:
+    with kvload(server, 60) as kv:
         time.sleep(0.5)
         r = record(server.pid, out, "-d", "4")
         kv.send_signal(signal.SIGTERM)
@@ -152,7 +113,7 @@ def test_fixed_preset_has_no_critical_finding(
         server = kvcached_factory("-t", "2", "--preset", preset)
         pin_workers(server)
         out = tmp_path / f"{preset}.json"
-        with load(server, 60) as kv:
+        with kvload(server, 60) as kv:
             time.sleep(0.5)
             r = record(server.pid, out, "-d", "4", "--collectors", "locks,cachelines")
             kv.send_signal(signal.SIGTERM)
@@ -180,7 +141,7 @@ def test_sigint_detaches_and_the_target_keeps_serving(
     """Ctrl-C mid-recording: a profile is written, nothing stays attached, kvload --verify stays clean."""
     server = kvcached_factory("-t", "2")
     out = tmp_path / "int.json"
-    with load(server, 12, "--verify", "--min-size=64") as kv:
+    with kvload(server, 12, "--verify", "--min-size=64") as kv:
         time.sleep(0.5)
         rec = subprocess.Popen(
             [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
@@ -212,7 +173,7 @@ def test_sigkill_of_record_leaves_no_semaphore_raised(
     server = kvcached_factory("-t", "2")
     assert not any(semaphores(server).values()), "a kvs probe is already enabled on this server"
     out = tmp_path / "killed.json"
-    with load(server, 12, "--verify", "--min-size=64") as kv:
+    with kvload(server, 12, "--verify", "--min-size=64") as kv:
         rec = subprocess.Popen(
             [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
             stderr=subprocess.PIPE,
@@ -238,7 +199,7 @@ def test_target_killed_mid_run_gives_a_partial_profile(
     """The target dies while recording: record ends by itself with what it collected, marked partial."""
     server = start_kvcached(["-t", "2"])  # not the fixture: it would fail on the SIGKILL exit status
     out = tmp_path / "dead.json"
-    with load(server, 30):
+    with kvload(server, 30):
         rec = subprocess.Popen(
             [
                 *KVPROF,
@@ -328,7 +289,7 @@ def test_a_missing_python_package_fails_one_collector_not_the_recording(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]),
     }
-    with load(kvcached, 6):
+    with kvload(kvcached, 6):
         r = subprocess.run(
             [
                 *KVPROF,

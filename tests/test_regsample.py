@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_record import load, record
+from support import exposition, kvload, record
 
 from kvprof.analysis.lines import line_table
 from kvprof.collect.decode import CLOBBERED, REGS, SEGMENT, UNREADABLE, Process
@@ -150,7 +150,7 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
 ) -> None:
     """Baseline, kvs collectors off: counter lines named by function and symbol, ranked as kvs ranks them."""
     server = kvcached_factory("-t", "2", "--preset", "baseline")
-    with load(server, 60, "--batch-size=32") as kv:
+    with kvload(server, 60, "--batch-size=32") as kv:
         time.sleep(0.5)
         p = _run_kvcached(server, tmp_path / "sampled.json", "oncpu,offcpu,regsample", seconds=12)
         kvs = _run_kvcached(
@@ -196,7 +196,7 @@ def test_kvcached_fixed_has_no_contended_counter(
 ) -> None:
     """Fixed preset: none of the counter sites shows up as a contended line."""
     server = kvcached_factory("-t", "2", "--preset", "fixed")
-    with load(server, 60) as kv:
+    with kvload(server, 60) as kv:
         time.sleep(0.5)
         p = _run_kvcached(server, tmp_path / "fixed.json", "oncpu,regsample")
         kv.send_signal(signal.SIGTERM)
@@ -212,7 +212,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "false-share.json"  # record of f
 
 def test_recorded_false_sharing_in_every_view() -> None:
     """The recorded false-sharing program: the report, its JSON, top's Cache lines rows and the exporter."""
-    from test_exporter import exposition
 
     from kvprof.analysis.findings import find
     from kvprof.model.delta import delta

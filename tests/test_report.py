@@ -1,6 +1,6 @@
 """`kvprof report`: the text and JSON rendering, and bad input (no root).
 
-The profiles are the hand-made kvcached-shaped ones of tests/test_analysis.py.
+The profiles are the hand-made kvcached-shaped ones of tests/support.py.
 Bad-input cases run the real command in a subprocess and assert one line on
 stderr, exit status 2 and no traceback.
 """
@@ -11,30 +11,16 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_analysis import W0, W1, baseline_profile, fixed_profile
+from support import W0, W1, baseline_profile, fixed_profile, kvprof
 
 from kvprof.model.profile import CacheLineStat, Finding, LineThread, Profile, Target
 from kvprof.views.report import render_text, to_json
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
-
-
-def kvprof(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `python -m kvprof.cli ARGS` the way a user would, capturing both streams."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "kvprof.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=env,
-    )
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_record import record
+from support import record
 from textual.widgets import Static
 
 from kvprof.collect.server_stats import general_stats, ops_total, server_stats

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from test_tui_data import halved
+from support import KVPROF, halved
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
@@ -25,7 +24,6 @@ from kvprof.views.tui.sources import ReplaySource
 from kvprof.views.tui.widgets import OverviewPanel, StacksPanel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
-KVPROF = [sys.executable, "-m", "kvprof.cli"]
 VIEWS = ("overview", "stacks", "locks", "lines", "threads", "requests")
 TABLES = {
     "overview": "#ov-findings",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import halved
 
-from kvprof.model.profile import Profile, Window
+from kvprof.model.profile import Profile
 from kvprof.views.tui import data
 from kvprof.views.tui.data import Sample, Timeline, build_frame
 
@@ -18,29 +18,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 
 def fixture() -> Profile:
     return Profile.load(FIXTURE)
-
-
-def halved(p: Profile) -> Profile:
-    """A cumulative snapshot taken halfway: every count and the window halved."""
-    h = copy.deepcopy(p)
-    h.window = Window(p.window.start, p.window.duration_s / 2)
-    for s in h.oncpu:
-        s.count //= 2
-    for th in h.threads.values():
-        th.cpu_samples //= 2
-        th.sockets = {k: v // 2 for k, v in th.sockets.items()}
-        th.offcpu_ns //= 2
-        th.lock_wait_ns //= 2
-    for lk in h.locks:
-        lk.waits //= 2
-        lk.wait_ns //= 2
-        lk.hist_log2_ns = [n // 2 for n in lk.hist_log2_ns]
-    for c in h.cachelines:
-        c.samples //= 2
-        c.transfers //= 2
-        c.cross_socket_transfers //= 2
-    h.findings = []
-    return h
 
 
 def test_data_layer_does_not_import_textual() -> None:

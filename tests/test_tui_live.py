@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_probes import assert_detached
-from test_record import load
+from support import assert_detached, kvload
 from textual.widgets import Static
 
 from kvprof.system.servers import Server
@@ -25,7 +24,7 @@ def test_top_names_the_topkeys_lock_within_10_s(kvcached_factory: Callable[..., 
     q detaches everything and the server keeps serving."""
     server = kvcached_factory("-t", "2", "--preset", "baseline")
     seen: list[str] = []
-    with load(server, 60):
+    with kvload(server, 60):
         time.sleep(0.5)
         source = LiveSource(server.pid)
         app = TopApp(source, interval=1.0)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import stop_contend
-from test_collect_cpu import collecting, snapshot
+from support import collecting, snapshot
 
 from kvprof.analysis.findings import find
 from kvprof.collect import CollectOptions

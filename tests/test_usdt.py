@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from test_probes import semaphores
+from support import semaphores
 
 from kvprof.collect import CollectError
 from kvprof.system.servers import Server

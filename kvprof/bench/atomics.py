@@ -23,55 +23,15 @@ from typing import TextIO
 
 import pyperf  # type: ignore[import-untyped]  # pyperf ships no type information
 
-from kvprof import SERVER_BUILD, __version__
+from kvprof import __version__
 from kvprof.bench import BenchError
 from kvprof.bench.machine import host_metadata, wait_idle
+from kvprof.bench.placement import ATOMICS_BIN, Cpu, sockets
 from kvprof.bench.results import Metadata
-from kvprof.model.topology import Topology
 
-ATOMICS_BIN = SERVER_BUILD / "atomics"
 MODES = ("local", "padded", "false-shared", "shared")  # local first: the reference
 SAME, CROSS = "same-socket", "cross-socket"
 ALL_COUNTS_UP_TO = 8  # every thread count up to this, then doublings and ncpu
-
-
-@dataclass(frozen=True)
-class Cpu:
-    cpu: int
-    core: int
-    socket: int
-
-
-def usable_cpus(topology: Topology, allowed: set[int] | None = None) -> list[Cpu]:
-    """The topology's CPUs we may pin to (all of them when `allowed` is None)."""
-    cpus = [
-        Cpu(n, place.core, place.socket)
-        for n, place in sorted(topology.cpus.items())
-        if allowed is None or n in allowed
-    ]
-    if not cpus:
-        raise BenchError("no usable CPUs in the topology")
-    return cpus
-
-
-def _socket_order(cpus: Sequence[Cpu]) -> list[int]:
-    """One CPU per core first, then their SMT siblings: threads get cores of their own."""
-    by_core: dict[int, list[int]] = {}
-    for c in sorted(cpus, key=lambda c: c.cpu):
-        by_core.setdefault(c.core, []).append(c.cpu)
-    out = []
-    depth = max(len(v) for v in by_core.values())
-    for level in range(depth):
-        out += [siblings[level] for _, siblings in sorted(by_core.items()) if level < len(siblings)]
-    return out
-
-
-def sockets(cpus: Sequence[Cpu]) -> dict[int, list[int]]:
-    """Socket -> its CPUs in the order threads are placed on it."""
-    by_socket: dict[int, list[Cpu]] = {}
-    for c in cpus:
-        by_socket.setdefault(c.socket, []).append(c)
-    return {s: _socket_order(members) for s, members in sorted(by_socket.items())}
 
 
 def placement(cpus: Sequence[Cpu], threads: int, where: str) -> list[int]:

@@ -19,6 +19,7 @@ from kvprof.bench import (
     atomics,
     history,
     instructions,
+    placement,
     results,
     revisions,
     scenarios,
@@ -246,7 +247,7 @@ def run_instructions(o: Options, plan: Plan, out: TextIO = sys.stdout, progress:
 
 def run_atomics(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
     """The counter experiment; returns the exit status."""
-    cpus = atomics.usable_cpus(Topology.read(), allowed=os.sched_getaffinity(0))
+    cpus = placement.usable_cpus(Topology.read(), allowed=os.sched_getaffinity(0))
     counts = list(o.overrides.workers or atomics.thread_counts(len(cpus)))
     configs = atomics.plan(cpus, counts)
     duration = o.duration or ATOMICS_DURATION

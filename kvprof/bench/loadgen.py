@@ -35,6 +35,12 @@ def tail(text: str, lines: int = 8) -> str:
     return "\n".join("    " + line for line in text.strip().splitlines()[-lines:])
 
 
+def key_space(client: ClientConfig) -> list[str]:
+    """kvload's arguments for `client`'s keys and values: the run and its population agree."""
+    size = str(client.value_size)
+    return ["--num-items", str(client.num_items), "--min-size", size, "--max-size", size]
+
+
 def kvload_argv(
     exe: Path, address: str, client: ClientConfig, duration: float | None = None, cycles: int | None = None
 ) -> list[str]:
@@ -42,52 +48,16 @@ def kvload_argv(
     if (duration is None) == (cycles is None):
         raise ValueError("kvload_argv takes a duration or a cycle count")
     length = ["--duration", f"{duration:g}"] if duration is not None else ["--num-cycles", str(cycles)]
-    return [
-        str(exe),
-        "--server",
-        address,
-        "--no-population",
-        "--num-threads",
-        str(client.threads),
-        "--connections",
-        str(client.connections),
-        "--batch-size",
-        str(client.batch),
-        "--num-items",
-        str(client.num_items),
-        "--min-size",
-        str(client.value_size),
-        "--max-size",
-        str(client.value_size),
-        "--set-pct",
-        str(client.set_pct),
-        "--key-dist",
-        client.key_dist,
-        *length,
-        "--json",
-        "--quiet",
-    ]
+    return [str(exe), "--server", address, "--no-population", "--num-threads", str(client.threads),
+            "--connections", str(client.connections), "--batch-size", str(client.batch), *key_space(client),
+            "--set-pct", str(client.set_pct), "--key-dist", client.key_dist, *length,
+            "--json", "--quiet"]  # fmt: skip
 
 
 def kvload_populate_argv(exe: Path, address: str, client: ClientConfig) -> list[str]:
     """kvload storing every key of `client`'s key space once, so that its gets hit."""
-    return [
-        str(exe),
-        "--server",
-        address,
-        "--populate-only",
-        "--num-items",
-        str(client.num_items),
-        "--min-size",
-        str(client.value_size),
-        "--max-size",
-        str(client.value_size),
-        "--connections",
-        "4",
-        "--batch-size",
-        "100",
-        "--quiet",
-    ]
+    return [str(exe), "--server", address, "--populate-only", *key_space(client),
+            "--connections", "4", "--batch-size", "100", "--quiet"]  # fmt: skip
 
 
 def memcaslap_config(client: ClientConfig) -> str:
@@ -163,7 +133,7 @@ class Counts:
     sets: int
     hits: int
     misses: int
-    latency_us: dict[str, float]
+    latency_us: dict[str, float]  # p50, p99, p999, max; empty when the tool gives none
 
 
 def kvload_counts(v: Variant, proc: subprocess.CompletedProcess[str]) -> Counts:

@@ -28,10 +28,14 @@ import json
 import math
 import os
 import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from kvprof import SERVER_BUILD
 from kvprof.bench import BenchError
 from kvprof.model.topology import Topology
 
+ATOMICS_BIN = SERVER_BUILD / "atomics"  # server/bench/atomics.c: counters and the ping-pong
 PROBE_MS = 30
 MAX_NS = 20_000.0  # no cache line takes this long to go and come back; a descheduled thread does
 # Two round trips within this factor are one placement. Within one placement
@@ -40,12 +44,48 @@ MAX_NS = 20_000.0  # no cache line takes this long to go and come back; a desche
 ALIKE = 2.0
 
 
+@dataclass(frozen=True)
+class Cpu:
+    cpu: int
+    core: int
+    socket: int
+
+
+def usable_cpus(topology: Topology, allowed: set[int] | None = None) -> list[Cpu]:
+    """The topology's CPUs we may pin to (all of them when `allowed` is None)."""
+    cpus = [
+        Cpu(n, place.core, place.socket)
+        for n, place in sorted(topology.cpus.items())
+        if allowed is None or n in allowed
+    ]
+    if not cpus:
+        raise BenchError("no usable CPUs in the topology")
+    return cpus
+
+
+def _socket_order(cpus: Sequence[Cpu]) -> list[int]:
+    """One CPU per core first, then their SMT siblings: threads get cores of their own."""
+    by_core: dict[int, list[int]] = {}
+    for c in sorted(cpus, key=lambda c: c.cpu):
+        by_core.setdefault(c.core, []).append(c.cpu)
+    out = []
+    depth = max(len(v) for v in by_core.values())
+    for level in range(depth):
+        out += [siblings[level] for _, siblings in sorted(by_core.items()) if level < len(siblings)]
+    return out
+
+
+def sockets(cpus: Sequence[Cpu]) -> dict[int, list[int]]:
+    """Socket -> its CPUs in the order threads are placed on it."""
+    by_socket: dict[int, list[Cpu]] = {}
+    for c in cpus:
+        by_socket.setdefault(c.socket, []).append(c)
+    return {s: _socket_order(members) for s, members in sorted(by_socket.items())}
+
+
 def probe_cpus() -> tuple[int, int] | None:
     """Two CPUs this process may run on, on distinct cores when the topology
     has them; None on a one-CPU machine."""
-    # imported here: kvprof.bench.atomics imports the runner, which imports this module
-    from kvprof.bench.atomics import sockets, usable_cpus
-
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         return None
@@ -58,8 +98,6 @@ def probe_cpus() -> tuple[int, int] | None:
 
 def round_trip_ns(cpus: tuple[int, int], ms: int = PROBE_MS) -> float:
     """ns for one cache line to go to the other CPU and back (NaN when the probe cannot run)."""
-    from kvprof.bench.atomics import ATOMICS_BIN  # here, as above
-
     if not ATOMICS_BIN.exists():
         return math.nan
     argv = [str(ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus", f"{cpus[0]},{cpus[1]}",

@@ -29,6 +29,7 @@ from typing import TextIO
 
 from kvprof.bench import BenchError
 from kvprof.bench.loadgen import (
+    Counts,
     kvload_argv,
     kvload_binary,
     kvload_counts,
@@ -65,17 +66,10 @@ class Interrupted(Exception):
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """One load-generator run against one variant."""
+class RunResult(Counts):
+    """One load-generator run against one variant: what the tool counted, and the
+    machine around it."""
 
-    ops_per_sec: float
-    duration_s: float
-    ops: int
-    gets: int
-    sets: int
-    hits: int
-    misses: int
-    latency_us: dict[str, float]  # p50, p99, p999, max; empty when the tool gives none
     client_cpu_s: float  # user + system CPU of the load generator
     server_cpu_s: float  # user + system CPU of the server during the run
     other_cpu_s: float  # CPU everything else on the machine used meanwhile: noise
@@ -283,14 +277,7 @@ class Bench:
         rt1 = self.placement.probe()
         counts = kvload_counts(v, proc) if v.client.tool == KVLOAD else memcaslap_counts(v, proc)
         return RunResult(
-            ops_per_sec=counts.ops_per_sec,
-            duration_s=counts.duration_s,
-            ops=counts.ops,
-            gets=counts.gets,
-            sets=counts.sets,
-            hits=counts.hits,
-            misses=counts.misses,
-            latency_us=counts.latency_us,
+            **vars(counts),
             client_cpu_s=client_cpu,
             server_cpu_s=server_cpu,
             other_cpu_s=other_cpu,

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from kvprof.commands import add_seconds, command, number
+from kvprof.commands import options as options_of
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
 SCENARIOS = ("study", "loadgen", "atomics", "keycmp")
+
+HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
 
 EXAMPLES = """\
 examples:
@@ -44,45 +50,11 @@ flipped away from the preset (sites: topkeys, timings, item-counter,
 memory-counter), or `memcached`."""
 
 
-def _number(text: str, kind: type[int] | type[float], minimum: float) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum:g}: {text!r}")
-    return value
-
-
-def _runs(text: str) -> int:
-    value: int = _number(text, int, 2)
-    return value
-
-
-def _seconds(text: str) -> float:
-    value: float = _number(text, float, 0.1)
-    return value
-
-
-def _warmup(text: str) -> float:
-    value: float = _number(text, float, 0)
-    return value
-
-
-def _count(text: str) -> int:
-    value: int = _number(text, int, 1)
-    return value
-
-
-def _percent(text: str) -> int:
-    value: int = _number(text, int, 0)
-    if value > 100:
-        raise argparse.ArgumentTypeError(f"must be 0..100: {text!r}")
-    return value
+_count = number(int, lo=1)
 
 
 def _counts(text: str) -> tuple[int, ...]:
-    values = tuple(_count(part) for part in text.split(",") if part.strip())
+    values = tuple(int(_count(part)) for part in text.split(",") if part.strip())
     if not values:
         raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}")
     return values
@@ -96,13 +68,7 @@ def _specs(text: str) -> tuple[str, ...]:
 
 
 def add_parser(commands: Any) -> None:
-    p = commands.add_parser(
-        "bench",
-        help="benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "bench", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("--scenario", choices=SCENARIOS, default="study", help="what to run (default: study)")
     p.add_argument(
         "--against", choices=("memcached",), help="kvcached fixed vs memcached on the study's workload"
@@ -110,21 +76,13 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="compare two result files, then exit"
     )
-    p.add_argument("--runs", type=_runs, default=5, metavar="N", help="interleaved runs (default: 5, min 2)")
-    p.add_argument(
-        "-d",
-        "--duration",
-        type=_seconds,
-        metavar="SEC",
-        help="seconds per run (default: 5; atomics: 1)",
+    p.add_argument("--runs", type=number(int, lo=2), default=5, metavar="N",
+                   help="interleaved runs (default: %(default)s, min 2)")  # fmt: skip
+    add_seconds(
+        p, "-d", "--duration", type=number(float, lo=0.1), help="seconds per run (default: 5; atomics: 1)"
     )
-    p.add_argument(
-        "--warmup",
-        type=_warmup,
-        default=1.0,
-        metavar="SEC",
-        help="one unrecorded run per variant first (default: 1; 0: none)",
-    )
+    add_seconds(p, "--warmup", type=number(float, lo=0), default=1.0,
+                help="one unrecorded run per variant first (0: none)")  # fmt: skip
     p.add_argument(
         "--wait-idle",
         action="store_true",
@@ -160,12 +118,15 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "-t",
         "--threads",
+        dest="workers",
         type=_counts,
         metavar="N,M",
         help="server worker threads (default: 1,2 and more up to the CPU count; "
         "--against memcached and loadgen: 2); atomics: thread counts",
     )
-    p.add_argument("--variants", type=_specs, metavar="SPEC,...", help="server variants (see above)")
+    p.add_argument(
+        "--variants", dest="servers", type=_specs, metavar="SPEC,...", help="server variants (see above)"
+    )
     client = p.add_argument_group("kvload settings (comma lists make a matrix)")
     client.add_argument("--client-threads", type=_counts, metavar="N,M", help="kvload threads")
     client.add_argument(
@@ -174,10 +135,14 @@ def add_parser(commands: Any) -> None:
         metavar="N,M",
         help="connections per kvload thread (default: 2 per worker)",
     )
-    client.add_argument("--batch-size", type=_counts, metavar="N,M", help="requests per batch (default: 100)")
+    client.add_argument(
+        "--batch-size", dest="batch", type=_counts, metavar="N,M", help="requests per batch (default: 100)"
+    )
     client.add_argument("--num-items", type=_count, metavar="N", help="distinct keys (default: 10000)")
     client.add_argument("--value-size", type=_count, metavar="BYTES", help="value size (default: 32)")
-    client.add_argument("--set-pct", type=_percent, metavar="P", help="percentage of sets (default: 0)")
+    client.add_argument(
+        "--set-pct", type=number(int, 0, 100), metavar="P", help="percentage of sets (default: 0)"
+    )
     client.add_argument("--key-dist", metavar="D", help="uniform (default) or zipf:S")
     p.set_defaults(run=_run)
 
@@ -188,8 +153,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         others = [
             args.against,
-            args.variants,
-            args.threads,
+            args.servers,
+            args.workers,
             args.output,
             args.rev,
             args.history,
@@ -200,32 +165,13 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         old, new = args.compare
         return command.compare(old, new)
-    overrides = scenarios.Overrides(
-        servers=args.variants,
-        workers=args.threads,
-        client_threads=args.client_threads,
-        connections=args.connections,
-        batch=args.batch_size,
-        num_items=args.num_items,
-        value_size=args.value_size,
-        set_pct=args.set_pct,
-        key_dist=args.key_dist,
-    )
-    options = command.Options(
-        scenario=args.scenario,
-        against=args.against,
-        runs=args.runs,
-        duration=args.duration,
-        warmup=args.warmup,
-        wait_idle=args.wait_idle,
-        output=args.output,
-        overrides=overrides,
-        instructions=args.instructions,
+    opts = replace(
+        options_of(command.Options, args),
+        overrides=options_of(scenarios.Overrides, args),
         requests=args.requests or instructions.DEFAULT_REQUESTS,
         revs=tuple(args.rev or ()),
-        history=args.history,
     )
     if args.requests and not args.instructions:
         print("kvprof bench: --requests goes with --instructions", file=sys.stderr)
         return 2
-    return command.run(options)
+    return command.run(opts)

@@ -6,8 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvprof.commands import command, fail, read_profile
 from kvprof.commands.flamegraph import add_stack_options, profile_stem
-from kvprof.model.profile import Profile, ProfileError
+
+HELP = "differential flame graph: what grew (red) and shrank (blue) from BASE to NEW"
+
+DESCRIPTION = """\
+Draw NEW's flame graph with every frame coloured by how its share of the
+total changed since BASE: red grew, blue shrank, the deeper the more; the
+tooltip gives both shares and values. Shares, not raw counts, so recordings of
+different lengths compare. --negate draws BASE's shape instead, which shows
+frames NEW no longer has (a removed lock wait is a blue tower)."""
 
 EXAMPLES = """\
 examples:
@@ -18,19 +27,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "diff",
-        help="differential flame graph: what grew (red) and shrank (blue) from BASE to NEW",
-        description=(
-            "Draw NEW's flame graph with every frame coloured by how its share of the\n"
-            "total changed since BASE: red grew, blue shrank, the deeper the more; the\n"
-            "tooltip gives both shares and values. Shares, not raw counts, so recordings of\n"
-            "different lengths compare. --negate draws BASE's shape instead, which shows\n"
-            "frames NEW no longer has (a removed lock wait is a blue tower)."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "diff", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("base", metavar="BASE", help="the profile before (.json or .json.gz)")
     p.add_argument("new", metavar="NEW", help="the profile after")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.svg", default=Path("diff.svg"),
@@ -50,12 +47,10 @@ def run(args: argparse.Namespace) -> int:
         if format_of(args.output) != "svg":
             raise ExportError(f"{args.output}: a differential flame graph is an SVG; name it .svg")
     except ExportError as e:
-        print(f"kvprof diff: {e}", file=sys.stderr)
-        return 2
-    try:
-        base, new = Profile.load(args.base), Profile.load(args.new)
-    except ProfileError as e:
-        print(f"kvprof diff: {e}", file=sys.stderr)
+        return fail("diff", str(e))
+    base = read_profile("diff", args.base)
+    new = read_profile("diff", args.new) if base is not None else None
+    if base is None or new is None:
         return 2
     labels = (profile_stem(args.base), profile_stem(args.new))
     if labels[0] == labels[1]:
@@ -73,11 +68,9 @@ def run(args: argparse.Namespace) -> int:
         )
         args.output.write_text(result.svg, encoding="utf-8")
     except ExportError as e:
-        print(f"kvprof diff: {e}", file=sys.stderr)
-        return 2
+        return fail("diff", str(e))
     except OSError as e:
-        print(f"kvprof diff: {args.output}: cannot write it ({e.strerror or e})", file=sys.stderr)
-        return 2
+        return fail("diff", f"{args.output}: cannot write it ({e.strerror or e})")
     shape = "BASE" if args.negate else "NEW"
     if result.layout.total == 0:
         print(

@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from kvprof.commands import command
+
+HELP = "check kernel, BPF, headers, tracefs, PMU, unwind information; say what to do"
+
+DESCRIPTION = """\
+Check whether this machine can profile, and print the command that fixes each problem."""
+
 EXAMPLES = """\
 examples:
   kvprof doctor              # this machine, and the unwind information of server/build/kvcached and libc
@@ -20,13 +27,7 @@ WIDTH = 80
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "doctor",
-        help="check kernel, BPF, headers, tracefs, PMU, unwind information; say what to do",
-        description="Check whether this machine can profile, and print the command that fixes each problem.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "doctor", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument(
         "-p", "--pid", type=int, metavar="PID", help="check the unwind information of this process's modules"
     )

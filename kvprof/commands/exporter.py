@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvprof.commands import number
+from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+
+HELP = "serve a live session's counters to Prometheus"
+
+DESCRIPTION = """\
+Attach kvprof's collectors to a running process and serve their counters on
+/metrics for Prometheus: CPU samples by function (the top N, the rest as
+`other`), lock waits and wait seconds by lock, cache-line samples and transfers
+by site, request latency histograms, per thread and socket; collector health;
+and the target's own `stats` when it speaks the memcached protocol. Binds
+loopback unless told otherwise. Needs root. SIGTERM or Ctrl-C detaches
+everything; exit status 1 when the target exits, 2 when it cannot start."""
 
 EXAMPLES = """\
 examples:
@@ -19,60 +30,30 @@ Prometheus scrape config (docs/fleet.md):
     static_configs: [{targets: ["127.0.0.1:9464"]}]
 """
 
+# kvprof.views.prometheus.ExporterOptions' defaults (tests/test_cli.py checks they agree): kept
+# literal so that building the parser loads no view
+HZ = 49  # lower than record's: the exporter runs for long
+
 
 def add_parser(commands: Any) -> None:
-    from kvprof.commands.record import _collectors, _pid
-
-    p = commands.add_parser(
-        "exporter",
-        help="serve a live session's counters to Prometheus",
-        description=(
-            "Attach kvprof's collectors to a running process and serve their counters on\n"
-            "/metrics for Prometheus: CPU samples by function (the top N, the rest as\n"
-            "`other`), lock waits and wait seconds by lock, cache-line samples and transfers\n"
-            "by site, request latency histograms, per thread and socket; collector health;\n"
-            "and the target's own `stats` when it speaks the memcached protocol. Binds\n"
-            "loopback unless told otherwise. Needs root. SIGTERM or Ctrl-C detaches\n"
-            "everything; exit status 1 when the target exits, 2 when it cannot start."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-p", "--pid", type=_pid, required=True, help="the process to watch")
+    p = command(commands, "exporter", HELP, DESCRIPTION, EXAMPLES)
+    add_pid(p, "the process to watch")
     p.add_argument(
         "--listen",
         default="127.0.0.1:9464",
         metavar="HOST:PORT",
         help="where to serve /metrics (default: %(default)s; loopback unless told otherwise)",
     )
-    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
-    p.add_argument(
-        "--hz",
-        type=number(int, 1, 10000),
-        default=49,
-        help="on-CPU sampling rate (default: 49; the exporter runs for long, so lower than record's)",
-    )
-    p.add_argument(
-        "--top",
-        type=number(int, 1, 1000),
-        default=20,
-        metavar="N",
-        help="functions with series of their own; the rest count as `other` (default: 20)",
-    )
-    p.add_argument(
-        "--max-labels",
-        type=number(int, 1, 10000),
-        default=64,
-        metavar="N",
-        help="at most N threads, locks and sites as label values; the rest are `other` (default: 64)",
-    )
-    p.add_argument(
-        "--min-interval",
-        type=number(float, lo=0),
-        default=1.0,
-        metavar="SEC",
-        help="scrapes closer together than SEC share one reading of the maps (default: 1)",
-    )
+    add_collectors(p)
+    add_hz(p, default=HZ, why="the exporter runs for long, so lower than record's")
+    p.add_argument("--top", type=number(int, 1, 1000), default=20, metavar="N",
+                   help="functions with series of their own; the rest count as `other` "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--max-labels", type=number(int, 1, 10000), default=64, metavar="N",
+                   help="at most N threads, locks and sites as label values; the rest are `other` "
+                   "(default: %(default)s)")  # fmt: skip
+    add_seconds(p, "--min-interval", type=number(float, lo=0), default=1.0,
+                help="scrapes closer together than SEC share one reading of the maps")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no banner")
     p.set_defaults(run=_run)
 
@@ -80,15 +61,4 @@ def add_parser(commands: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from kvprof.views.prometheus import ExporterOptions, run
 
-    return run(
-        ExporterOptions(
-            pid=args.pid,
-            listen=args.listen,
-            hz=args.hz,
-            collectors=args.collectors,
-            top=args.top,
-            max_labels=args.max_labels,
-            min_interval=args.min_interval,
-            quiet=args.quiet,
-        )
-    )
+    return run(options(ExporterOptions, args))

@@ -6,8 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvprof.commands import number
-from kvprof.model.profile import Profile, ProfileError
+from kvprof.commands import command, fail, malformed, number, read_profile
+
+HELP = "write a flame graph (.svg), folded stacks or speedscope JSON of a profile"
+
+DESCRIPTION = """\
+Read a profile written by `kvprof record` and write the stacks of one kind:
+cpu (on-CPU samples), offcpu (off-CPU time) or locks (lock wait time by call
+site: the kvs lock probes, plus futex waits they do not cover). The output's
+name chooses the format: .svg (interactive: click to zoom, search, tooltips;
+hotspot-catalog frames in violet), .folded (flamegraph.pl's input), or
+.speedscope.json. Exit status 2 when the profile or the request is bad."""
 
 EXAMPLES = """\
 examples:
@@ -20,20 +29,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "flamegraph",
-        help="write a flame graph (.svg), folded stacks or speedscope JSON of a profile",
-        description=(
-            "Read a profile written by `kvprof record` and write the stacks of one kind:\n"
-            "cpu (on-CPU samples), offcpu (off-CPU time) or locks (lock wait time by call\n"
-            "site: the kvs lock probes, plus futex waits they do not cover). The output's\n"
-            "name chooses the format: .svg (interactive: click to zoom, search, tooltips;\n"
-            "hotspot-catalog frames in violet), .folded (flamegraph.pl's input), or\n"
-            ".speedscope.json. Exit status 2 when the profile or the request is bad."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "flamegraph", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument(
         "-o",
@@ -43,9 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="OUT.svg, OUT.folded or OUT.speedscope.json (default: FILE's name + .KIND.svg)",
     )
     add_stack_options(p)
-    p.add_argument(
-        "--width", type=number(int, 200, 100000), default=1200, metavar="PX", help="SVG width (default: 1200)"
-    )
+    p.add_argument("--width", type=number(int, 200, 100000), default=1200, metavar="PX",
+                   help="SVG width (default: %(default)s)")  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -95,26 +90,17 @@ def run(args: argparse.Namespace) -> int:
         check_kind(args.kind, args.value)
         format_of(out)
     except ExportError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
-        return 2
-    try:
-        profile = Profile.load(args.file)
-    except ProfileError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
+        return fail("flamegraph", str(e))
+    profile = read_profile("flamegraph", args.file)
+    if profile is None:
         return 2
     options = Options(prefix=args.prefix, value=args.value, width=args.width, min_width=args.min_width)
     try:
         written = write(profile, args.kind, out, options)
     except ExportError as e:
-        print(f"kvprof flamegraph: {e}", file=sys.stderr)
-        return 2
+        return fail("flamegraph", str(e))
     except (TypeError, ValueError, AttributeError, KeyError) as e:
-        # fields of the wrong type pass the loader's checks but not the folding
-        print(
-            f"kvprof flamegraph: {args.file}: malformed kvprof profile ({type(e).__name__}: {e})",
-            file=sys.stderr,
-        )
-        return 2
+        return malformed("flamegraph", args.file, e)
     if written.empty:
         print(
             f"kvprof flamegraph: warning: {args.file} has no {args.kind} samples; "

@@ -9,7 +9,14 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
-from kvprof.commands import number
+from kvprof.commands import add_seconds, command, number
+
+HELP = "list the target's USDT probes, semaphore state and live hit rate"
+
+DESCRIPTION = """\
+List the USDT probes in a process's executable (its .note.stapsdt ELF notes),
+read each is-enabled semaphore from the process, and count hits per second
+over a short window with a BPF counter on every probe."""
 
 EXAMPLES = """\
 examples:
@@ -27,26 +34,10 @@ WIDTH = 80
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "probes",
-        help="list the target's USDT probes, semaphore state and live hit rate",
-        description=(
-            "List the USDT probes in a process's executable (its .note.stapsdt ELF notes),\n"
-            "read each is-enabled semaphore from the process, and count hits per second\n"
-            "over a short window with a BPF counter on every probe."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "probes", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("-p", "--pid", type=int, metavar="PID", help="the process to look at (required)")
-    p.add_argument(
-        "-d",
-        "--duration",
-        type=number(float, 0, 3600),
-        default=1.0,
-        metavar="SEC",
-        help="seconds to count hits for; 0 lists without attaching (default: %(default)s)",
-    )
+    add_seconds(p, "-d", "--duration", type=number(float, 0, 3600), default=1.0,
+                help="seconds to count hits for; 0 lists without attaching")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)  # print the BPF program, exit
     p.set_defaults(run=run)
@@ -75,9 +66,9 @@ def _fail(message: str) -> int:
 def _may_attach() -> bool:
     if os.geteuid() == 0:
         return True
-    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, _cap_eff
+    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, cap_eff
 
-    caps = _cap_eff(Host())
+    caps = cap_eff(Host())
     return bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
 
 

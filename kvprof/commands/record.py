@@ -6,7 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.commands import number
+from kvprof.collect import CollectOptions
+from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+
+HELP = "attach to a process and write a profile"
+
+DESCRIPTION = """\
+Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU
+and futex waits; on kvcached also lock waits, cache-line transfers and request
+latency from its kvs probes), collect for a while, and write a profile file.
+Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."""
 
 EXAMPLES = """\
 examples:
@@ -21,75 +30,23 @@ examples:
 """
 
 
-def _pid(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a PID: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a PID: {text!r}")
-    return value
-
-
-def _collectors(text: str) -> tuple[str, ...]:
-    from kvprof.collect.session import ALL_COLLECTORS
-
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    for n in names:
-        if n not in ALL_COLLECTORS:
-            raise argparse.ArgumentTypeError(
-                f"unknown collector {n!r} (choose from {', '.join(ALL_COLLECTORS)})"
-            )
-    return names
-
-
 def add_parser(commands: Any) -> None:
-    p = commands.add_parser(
-        "record",
-        help="attach to a process and write a profile",
-        description=(
-            "Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU\n"
-            "and futex waits; on kvcached also lock waits, cache-line transfers and request\n"
-            "latency from its kvs probes), collect for a while, and write a profile file.\n"
-            "Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-p", "--pid", type=_pid, required=True, help="the process to profile")
-    p.add_argument(
-        "-d",
-        "--duration",
-        type=number(float, above=0),
-        default=10.0,
-        metavar="SEC",
-        help="seconds (default: 10)",
-    )
+    p = command(commands, "record", HELP, DESCRIPTION, EXAMPLES)
+    add_pid(p, "the process to profile")
+    add_seconds(p, "-d", "--duration", default=10.0, help="seconds")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="profile file (.json or .json.gz)")
-    p.add_argument("--hz", type=number(int, 1, 10000), default=99, help="on-CPU sampling rate (default: 99)")
-    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
-    p.add_argument(
-        "--stack-storage",
-        type=number(int, 1024, 1 << 20),
-        default=16384,
-        metavar="N",
-        help="stack ids per stack map (default: 16384; raise it when the report says stack ids were lost)",
-    )
-    p.add_argument(
-        "--max-entries",
-        type=number(int, 1024, 1 << 22),
-        default=10240,
-        metavar="N",
-        help="entries per aggregation map (default: 10240; raise it when a map was full)",
-    )
-    p.add_argument(
-        "--offcpu-sample",
-        type=number(int, 1, 1 << 16),
-        default=64,
-        metavar="N",
-        help="off-CPU stacks for a random 1 in N context switches, scaled by N; per-thread "
-        "off-CPU totals stay exact (default: 64; 1 = every switch: a stack pair costs ~5-12 µs here)",
-    )
+    add_hz(p)
+    add_collectors(p)
+    p.add_argument("--stack-storage", type=number(int, 1024, 1 << 20), default=CollectOptions.stack_storage,
+                   metavar="N", help="stack ids per stack map (default: %(default)s; raise it when the "
+                   "report says stack ids were lost)")  # fmt: skip
+    p.add_argument("--max-entries", type=number(int, 1024, 1 << 22), default=CollectOptions.max_entries,
+                   metavar="N", help="entries per aggregation map (default: %(default)s; raise it when "
+                   "a map was full)")  # fmt: skip
+    p.add_argument("--offcpu-sample", type=number(int, 1, 1 << 16), default=CollectOptions.offcpu_sample,
+                   metavar="N", help="off-CPU stacks for a random 1 in N context switches, scaled by N; "
+                   "per-thread off-CPU totals stay exact (default: %(default)s; 1 = every switch: "
+                   "docs/record.md gives a stack pair's cost)")  # fmt: skip
     p.add_argument(
         "--backend",
         choices=("bpf", "perf"),
@@ -131,20 +88,4 @@ def _flamegraph_output(text: str) -> Path:
 def _run(args: argparse.Namespace) -> int:
     from kvprof.record import RecordOptions, main
 
-    return main(
-        RecordOptions(
-            pid=args.pid,
-            duration=args.duration,
-            output=args.output,
-            hz=args.hz,
-            collectors=args.collectors,
-            backend=args.backend,
-            stack_storage=args.stack_storage,
-            max_entries=args.max_entries,
-            offcpu_sample=args.offcpu_sample,
-            quiet=args.quiet,
-            flamegraph=args.flamegraph,
-            python=args.python,
-            native=args.native,
-        )
-    )
+    return main(options(RecordOptions, args))

@@ -6,8 +6,16 @@ import argparse
 import json
 import sys
 
-from kvprof.commands import number
-from kvprof.model.profile import Profile, ProfileError
+from kvprof.commands import command, malformed, number, read_profile
+
+HELP = "summarise a recorded profile: findings first, then top tables"
+
+DESCRIPTION = """\
+Read a profile written by `kvprof record` (JSON, gzip'd when it ends in .gz)
+and print what costs the target its throughput: findings ranked by estimated
+cost (what, how much, why, what to do), then the top functions by self and
+total samples, contended locks, bouncing cache lines, threads and requests.
+Exit status 2 when the file cannot be read as a profile."""
 
 EXAMPLES = """\
 examples:
@@ -18,19 +26,7 @@ examples:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "report",
-        help="summarise a recorded profile: findings first, then top tables",
-        description=(
-            "Read a profile written by `kvprof record` (JSON, gzip'd when it ends in .gz)\n"
-            "and print what costs the target its throughput: findings ranked by estimated\n"
-            "cost (what, how much, why, what to do), then the top functions by self and\n"
-            "total samples, contended locks, bouncing cache lines, threads and requests.\n"
-            "Exit status 2 when the file cannot be read as a profile."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "report", HELP, DESCRIPTION, EXAMPLES)
     p.add_argument("file", metavar="FILE", help="the profile (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="print findings and tables as one JSON object")
     p.add_argument(
@@ -42,10 +38,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run(args: argparse.Namespace) -> int:
     from kvprof.views import report
 
-    try:
-        profile = Profile.load(args.file)
-    except ProfileError as e:
-        print(f"kvprof report: {e}", file=sys.stderr)
+    profile = read_profile("report", args.file)
+    if profile is None:
         return 2
     try:
         if args.json:
@@ -53,11 +47,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             text = report.render_text(profile, args.top)
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as e:
-        # fields of the wrong type pass the loader's checks but not the arithmetic
-        print(
-            f"kvprof report: {args.file}: malformed kvprof profile ({type(e).__name__}: {e})", file=sys.stderr
-        )
-        return 2
+        return malformed("report", args.file, e)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.commands import number
-from kvprof.commands.record import _collectors, _pid
+from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+
+HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests"
+
+DESCRIPTION = """\
+Attach kvprof's collectors to a running process and show, refreshed every
+--interval, where it loses throughput: the contention spots ranked by cost
+(known ones marked, each with why and the fix), hot functions, contended
+locks, bouncing cache lines with the socket x socket matrix, threads and
+request latency. Needs root, except --replay. Everything is detached on
+exit, on SIGTERM, and when the target exits (its last data stays on screen)."""
 
 EXAMPLES = """\
 examples:
@@ -21,36 +30,18 @@ f flame graph (SVG), r reset counters, arrows and Enter to navigate.
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser(
-        "top",
-        help="live terminal UI: findings, stacks, locks, cache lines, threads, requests",
-        description=(
-            "Attach kvprof's collectors to a running process and show, refreshed every\n"
-            "--interval, where it loses throughput: the contention spots ranked by cost\n"
-            "(known ones marked, each with why and the fix), hot functions, contended\n"
-            "locks, bouncing cache lines with the socket x socket matrix, threads and\n"
-            "request latency. Needs root, except --replay. Everything is detached on\n"
-            "exit, on SIGTERM, and when the target exits (its last data stays on screen)."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(commands, "top", HELP, DESCRIPTION, EXAMPLES)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("-p", "--pid", type=_pid, help="the process to watch")
+    add_pid(what, "the process to watch", required=False)
     what.add_argument(
         "--demo", action="store_true", help="start kvcached (baseline preset) and kvload, watch it, stop both"
     )
     what.add_argument("--replay", type=Path, metavar="FILE", help="show a profile written by record or `s`")
-    p.add_argument("--hz", type=number(int, 1, 10000), default=99, help="on-CPU sampling rate (default: 99)")
-    p.add_argument(
-        "-i",
-        "--interval",
-        type=number(float, lo=0.2),
-        default=1.0,
-        metavar="SEC",
-        help="seconds between refreshes (default: %(default)s)",
+    add_hz(p)
+    add_seconds(
+        p, "-i", "--interval", type=number(float, lo=0.2), default=1.0, help="seconds between refreshes"
     )
-    p.add_argument("--collectors", type=_collectors, default=(), metavar="A,B", help="subset of collectors")
+    add_collectors(p)
     p.add_argument(
         "-o",
         "--output-dir",
@@ -65,14 +56,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _run(args: argparse.Namespace) -> int:
     from kvprof.views.tui.run import TopOptions, main
 
-    return main(
-        TopOptions(
-            pid=args.pid,
-            demo=args.demo,
-            replay=args.replay,
-            hz=args.hz,
-            interval=args.interval,
-            collectors=args.collectors,
-            output_dir=args.output_dir,
-        )
-    )
+    return main(options(TopOptions, args))

@@ -1,4 +1,4 @@
-"""Flame graphs and stack exports of a recorded profile (DESIGN.md "Export and scale").
+"""Flame graphs and stack exports of a recorded profile (docs/design.md, "Views and exports").
 
     from kvprof.export import export
     export(profile, "cpu", "flame.svg")
@@ -15,73 +15,17 @@ Nothing here imports bcc or textual.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvprof.export.folded import format_folded
 from kvprof.export.speedscope import format_speedscope, speedscope
 from kvprof.export.stacks import KINDS, ExportError, check_kind, fold, stacks, with_prefix
-from kvprof.export.svg import MIN_WIDTH, WIDTH, format_value, frame_style, min_value, profile_chart, render
+from kvprof.export.svg import frame_style, min_value, profile_chart, render
 from kvprof.export.tree import Flame, Layout
+from kvprof.export.written import FORMATS, Options, Written, format_of
 from kvprof.model.profile import Profile
 
 __all__ = ["FORMATS", "KINDS", "ExportError", "Options", "Written", "export", "format_of", "write"]
-
-# output name ending -> format; the longest ending is tried first
-FORMATS = {".speedscope.json": "speedscope", ".folded": "folded", ".svg": "svg", ".pb.gz": "pprof"}
-
-
-def format_of(out: str | os.PathLike[str]) -> str:
-    """The format an output name asks for; ExportError for any other name."""
-    name = Path(out).name.lower()
-    for ending, fmt in FORMATS.items():
-        if name.endswith(ending) and len(name) > len(ending):
-            return fmt
-    raise ExportError(f"{os.fspath(out)}: unknown output type; name it .svg, .folded or .speedscope.json")
-
-
-@dataclass(frozen=True)
-class Options:
-    prefix: str | None = None  # "thread" or "socket": an extra root frame per stack
-    value: str | None = None  # the kind's unit (samples, ns) unless "waits" for locks
-    width: int = WIDTH  # px of the SVG
-    min_width: float = MIN_WIDTH  # px: narrower SVG frames are pruned
-
-    def check(self) -> None:
-        if self.width < 200:
-            raise ExportError(f"width {self.width} px is too narrow for a flame graph (200 or more)")
-        if self.min_width < 0:
-            raise ExportError(f"minimum frame width {self.min_width:g} px must be 0 or more")
-
-
-@dataclass
-class Written:
-    """What an export wrote."""
-
-    path: str
-    kind: str
-    format: str  # svg | folded | speedscope
-    unit: str  # samples | ns | waits
-    total: int
-    stacks: int  # distinct stacks
-    frames: int = 0  # SVG: frames drawn
-    pruned: int = 0  # SVG: frames too narrow to draw
-    profiles: int = 0  # speedscope: profiles (threads)
-
-    @property
-    def empty(self) -> bool:
-        return self.total == 0
-
-    def describe(self) -> str:
-        amount = "no samples" if self.empty else format_value(self.total, self.unit)
-        if self.format == "svg":
-            return (
-                f"wrote {self.path}: {self.kind}, {amount}, {self.frames:,} frames ({self.pruned:,} pruned)"
-            )
-        if self.format == "speedscope":
-            many = "profile" if self.profiles == 1 else "profiles"
-            return f"wrote {self.path}: {self.kind}, {amount}, {self.profiles} {many} (one per thread)"
-        return f"wrote {self.path}: {self.kind}, {amount} in {self.stacks:,} stacks"
 
 
 def write(

@@ -28,15 +28,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvprof import __version__
 from kvprof.export.pprof_schema import MESSAGES
 from kvprof.export.stacks import TITLES, ExportError, check_kind, stacks, thread_name
+from kvprof.export.written import Options, Written
 from kvprof.model.profile import Profile
-
-if TYPE_CHECKING:
-    from kvprof.export import Options, Written
 
 ENDING = ".pb.gz"
 
@@ -166,9 +164,7 @@ def encode(profile: Profile, kind: str) -> bytes:
 def write_pprof(
     profile: Profile, kind: str, out: str | os.PathLike[str], options: Options | None = None
 ) -> Written:
-    """Writes `kind` of `profile` to `out` (.pb.gz); the Written of kvprof.export."""
-    from kvprof.export import Written
-
+    """Writes `kind` of `profile` to `out` (.pb.gz)."""
     if options is not None and options.value is not None:
         check_kind(kind, options.value)  # both values are in the file; a wrong one is still wrong
     msg = pprof_message(profile, kind)

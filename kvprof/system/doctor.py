@@ -87,7 +87,7 @@ def check_kernel(host: Host) -> Check:
     )
 
 
-def _cap_eff(host: Host) -> int:
+def cap_eff(host: Host) -> int:
     try:
         for line in (host.proc / "self" / "status").read_text().splitlines():
             if line.startswith("CapEff:"):
@@ -108,7 +108,7 @@ def check_privileges(host: Host) -> Check:
     paranoid = f"perf_event_paranoid {_paranoid(host)}"
     if host.euid == 0:
         return Check("privileges", OK, f"root ({paranoid}, which does not limit root)")
-    caps = _cap_eff(host)
+    caps = cap_eff(host)
     has = {n for n, bit in (("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON)) if caps >> bit & 1}
     if caps >> CAP_SYS_ADMIN & 1 or has == {"CAP_BPF", "CAP_PERFMON"}:
         return Check(

@@ -60,26 +60,18 @@ def kvload_binary() -> Path:
 
 
 @dataclass
-class Server:
-    """A running server process on host:port, its stderr kept in a file."""
+class Process:
+    """A child process (a server, a load generator), its output kept in a file."""
 
     proc: subprocess.Popen[bytes]
-    host: str
-    port: int
-    name: str
     log_path: Path
-    argv: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
     def log(self) -> str:
-        """Everything the server wrote on stderr so far."""
+        """Everything the process wrote to its log so far."""
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
@@ -98,6 +90,20 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+@dataclass
+class Server(Process):
+    """A running server process on host:port, its stderr kept in a file."""
+
+    host: str
+    port: int
+    name: str
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def stats(self, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:
         return stats(self.host, self.port, group, timeout)
@@ -138,7 +144,7 @@ def start_kvcached(
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=die_with_parent
         )
-    server = Server(proc, "127.0.0.1", 0, "kvcached", Path(log_name), argv)
+    server = Server(proc, Path(log_name), "127.0.0.1", 0, "kvcached", argv)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = _LISTENING.search(server.log())
@@ -173,7 +179,7 @@ def _start_peer(name: str, argv_for: Callable[[str, int], list[str]], timeout: f
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent
             )
-        server = Server(proc, "127.0.0.1", port, name, Path(log_name), argv)
+        server = Server(proc, Path(log_name), "127.0.0.1", port, name, argv)
         try:
             _wait_for_port("127.0.0.1", port, proc, timeout)
             return server

@@ -1,0 +1,560 @@
+"""What several test modules share: the kvprof command runner, kvload under a
+test, waiting, the probe semaphores and what we hold in the kernel, the SVG
+reader, the Prometheus exposition parser and the hand-made profiles.
+
+Test modules import from here (and fixtures come from conftest.py); no test
+module imports another (tests/test_layers.py checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprof import REPO
+from kvprof.collect import CollectOptions
+from kvprof.model.profile import (
+    CacheLineStat,
+    CpuStack,
+    FutexWait,
+    Host,
+    LineThread,
+    LockStack,
+    LockStat,
+    OffCpu,
+    OffCpuStack,
+    Profile,
+    RequestStat,
+    Status,
+    Target,
+    ThreadInfo,
+    ThreadWaits,
+    Window,
+)
+from kvprof.system.servers import Server, kvload_binary
+
+UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
+
+TESTS = Path(__file__).resolve().parent
+GOLDEN = TESTS / "golden"
+FIXTURES = TESTS / "fixtures"
+SMALL = GOLDEN / "flame-small.json"  # a hand-made profile for the flame-graph exports
+TOP_BASELINE = FIXTURES / "top-baseline.json"  # a recorded kvcached baseline profile
+
+# ---- running kvprof ----------------------------------------------------------------
+
+# `kvprof ...` as a user runs it: this tree's package under the test's interpreter
+KVPROF = [sys.executable, "-m", "kvprof"]
+
+
+def kvprof(
+    *args: str, timeout: float = 120, cwd: Path | str = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `kvprof ARGS` to the end, capturing both streams (never raises on its status)."""
+    return subprocess.run(
+        [*KVPROF, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
+    )
+
+
+def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`kvprof record -p PID -o OUT -q ARGS`."""
+    return kvprof("record", "-p", str(pid), "-o", str(out), "-q", *args, timeout=timeout)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.05) -> bool:
+    """Poll `predicate` until true or `timeout` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+# ---- kvload against a test's server ----------------------------------------------------
+
+# the study's shape with some sets and zipf keys; small batches keep both workers
+# meeting on the shared sites
+LOAD = ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
+
+
+@contextlib.contextmanager
+def kvload(server: Server, seconds: float, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [
+            str(kvload_binary()),
+            f"--server={server.address}",
+            f"--duration={seconds}",
+            "--quiet",
+            *LOAD,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.communicate(timeout=30)
+
+
+# ---- the kvs probes of a running server ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Note:
+    provider: str
+    name: str
+    location: int
+    semaphore: int
+    arguments: tuple[str, ...]
+
+
+def probe_notes(binary: Path) -> list[Note]:
+    """Every stapsdt note of `binary`, as `readelf -n` prints them."""
+    out = subprocess.run(["readelf", "-n", str(binary)], capture_output=True, text=True, check=True).stdout
+    notes = []
+    note = re.compile(
+        r"Provider: (\S+)\s+Name: (\S+)\s+"
+        r"Location: (0x[0-9a-f]+), Base: 0x[0-9a-f]+, Semaphore: (0x[0-9a-f]+)\s+"
+        r"Arguments: ?([^\n]*)"
+    )
+    for m in note.finditer(out):
+        args = tuple(m.group(5).split())
+        notes.append(Note(m.group(1), m.group(2), int(m.group(3), 16), int(m.group(4), 16), args))
+    return notes
+
+
+def _running_image(pid: int) -> tuple[Path, str]:
+    """The process's executable as /proc/PID/exe (readable even if rebuilt since) and its path."""
+    exe = Path(f"/proc/{pid}/exe")
+    return exe, str(exe.readlink()).removesuffix(" (deleted)")
+
+
+def _load_base(pid: int) -> int:
+    """Where the executable is mapped (its offset-0 mapping); 0 for a non-PIE executable."""
+    exe, path = _running_image(pid)
+    with exe.open("rb") as f:
+        e_type = int.from_bytes(f.read(18)[16:18], "little")
+    if e_type == 2:  # ET_EXEC: link-time addresses are run-time addresses
+        return 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].removesuffix(" (deleted)") == path and int(parts[2], 16) == 0:
+            return int(parts[0].split("-")[0], 16)
+    raise AssertionError(f"{path} is not mapped in {pid}")
+
+
+def semaphores(server: Server) -> dict[str, int]:
+    """The current value of every kvs probe semaphore in the running server."""
+    base = _load_base(server.pid)
+    values = {}
+    with Path(f"/proc/{server.pid}/mem").open("rb") as mem:
+        for n in probe_notes(_running_image(server.pid)[0]):
+            if n.provider == "kvs" and n.name not in values:
+                mem.seek(base + n.semaphore)
+                values[n.name] = int.from_bytes(mem.read(2), "little")
+    return values
+
+
+def assert_detached(server: Server) -> None:
+    """Nothing of ours in uprobe_events, and no kvs semaphore of the server still raised."""
+    if UPROBE_EVENTS.exists():
+        # BCC names the uprobes it creates through tracefs ..._bcc_<tracer pid>;
+        # through the perf uprobe PMU (newer kernels) it creates none there.
+        ours = f"bcc_{os.getpid()}"
+        left = [line for line in UPROBE_EVENTS.read_text().splitlines() if ours in line]
+        assert not left, f"uprobes left behind: {left}"
+    if server.alive():
+        raised = {k: v for k, v in semaphores(server).items() if v}
+        assert not raised, f"semaphores still raised after detaching: {raised}"
+
+
+def worker_tids(server: Server) -> dict[int, int]:
+    """tid -> worker index, from the kv-worker-N thread names."""
+    out = {}
+    for task in Path(f"/proc/{server.pid}/task").iterdir():
+        m = re.fullmatch(r"kv-worker-(\d+)", (task / "comm").read_text().strip())
+        if m:
+            out[int(task.name)] = int(m.group(1))
+    return out
+
+
+# ---- what this process holds in the kernel ---------------------------------------------
+
+
+def our_bpf_fds() -> dict[int, str]:
+    """fd -> kind (bpf-prog, bpf-map, perf_event, ...) of this process's BPF and perf fds."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("anon_inode:") and ("bpf" in link or "perf_event" in link):
+            out[int(fd)] = link.removeprefix("anon_inode:").strip("[]")
+    return out
+
+
+def prog_ids(fds: dict[int, str]) -> set[int]:
+    """The kernel ids of the BPF programs behind these fds."""
+    ids = set()
+    for fd, kind in fds.items():
+        if kind == "bpf-prog":
+            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+    return ids
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_BPF = 321  # x86_64
+_BPF_PROG_GET_FD_BY_ID = 13
+
+
+def prog_loaded(prog_id: int) -> bool:
+    """True while the kernel still has a BPF program with this id."""
+    attr = (ctypes.c_uint32 * 4)(prog_id, 0, 0, 0)
+    fd = _libc.syscall(_SYS_BPF, _BPF_PROG_GET_FD_BY_ID, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return False
+
+
+def assert_nothing_left(before: dict[int, str], loaded: set[int]) -> None:
+    """No BPF/perf fd beyond those held before, and every program we loaded unloaded."""
+    left = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
+    assert not left, f"fds still open after close(): {left}"
+    deadline = time.monotonic() + 5.0
+    while any(prog_loaded(i) for i in loaded) and time.monotonic() < deadline:
+        time.sleep(0.05)  # programs are freed after an RCU grace period
+    assert not [i for i in loaded if prog_loaded(i)], "BPF programs still loaded after close()"
+
+
+@contextlib.contextmanager
+def collecting(
+    pid: int, hz: int = CollectOptions.hz, offcpu_sample: int = 16
+) -> Iterator[tuple[list[Any], set[int]]]:
+    """oncpu and offcpu attached to pid; yields them and the program ids they
+    loaded; always closes them and checks nothing of ours is left."""
+    from kvprof.collect.offcpu import OffCpuCollector
+    from kvprof.collect.oncpu import OnCpuCollector
+
+    before = our_bpf_fds()
+    opts = CollectOptions(hz=hz, offcpu_sample=offcpu_sample)
+    collectors: list[Any] = [OnCpuCollector(pid, opts), OffCpuCollector(pid, opts)]
+    loaded: set[int] = set()
+    try:
+        for c in collectors:
+            assert c.applies() is None
+            c.start()
+        loaded = prog_ids({fd: k for fd, k in our_bpf_fds().items() if fd not in before})
+        assert loaded, "no BPF program fd found while attached"
+        yield collectors, loaded
+    finally:
+        for c in collectors:
+            c.close()
+    assert_nothing_left(before, loaded)
+
+
+def snapshot(pid: int, collectors: list[Any]) -> Profile:
+    profile = Profile(Target(pid))
+    for c in collectors:
+        c.contribute(profile)
+    return profile
+
+
+# ---- flame-graph SVGs ------------------------------------------------------------------
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+@dataclass
+class SvgFrame:
+    name: str
+    tip: str
+    start: int
+    value: int
+    x: float
+    y: float
+    width: float
+    fill: str
+    cls: str
+
+
+@dataclass
+class SvgDoc:
+    root: ET.Element
+    frames: list[SvgFrame]
+
+    def attr(self, name: str) -> str:
+        return self.root.attrib[f"data-{name}"]
+
+    def text(self, element_id: str) -> str:
+        for el in self.root.iter(f"{SVG_NS}text"):
+            if el.get("id") == element_id:
+                return el.text or ""
+        raise AssertionError(f"no text element #{element_id}")
+
+    def named(self, name: str) -> list[SvgFrame]:
+        return [f for f in self.frames if f.name == name]
+
+
+def read_svg(path: Path) -> SvgDoc:
+    """Parse a kvprof flame-graph SVG (fails the test if it is not well-formed XML)."""
+    root = ET.parse(path).getroot()
+    group = next(g for g in root.iter(f"{SVG_NS}g") if g.get("id") == "frames")
+    frames = []
+    for g in group:
+        title = g.find(f"{SVG_NS}title")
+        rect = g.find(f"{SVG_NS}rect")
+        assert title is not None and rect is not None and title.text
+        name, _, tip = title.text.partition("\n")
+        frames.append(
+            SvgFrame(
+                name=name,
+                tip=tip,
+                start=int(g.attrib["data-s"]),
+                value=int(g.attrib["data-v"]),
+                x=float(rect.attrib["x"]),
+                y=float(rect.attrib["y"]),
+                width=float(rect.attrib["width"]),
+                fill=rect.attrib["fill"],
+                cls=g.get("class", ""),
+            )
+        )
+    return SvgDoc(root, frames)
+
+
+# ---- Prometheus exposition -------------------------------------------------------------
+
+
+def exposition(families: Any) -> dict[str, list[Any]]:
+    """/metrics text of `families` (kvprof.views.prometheus.Families), parsed back:
+    sample name -> samples."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    class Static:
+        def collect(self) -> Iterator[Any]:
+            yield from families.families.values()
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Static())
+    out: dict[str, list[Any]] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+# ---- profiles --------------------------------------------------------------------------
+
+
+def halved(p: Profile) -> Profile:
+    """A cumulative snapshot taken halfway: every count and the window halved."""
+    h = copy.deepcopy(p)
+    h.window = Window(p.window.start, p.window.duration_s / 2)
+    for s in h.oncpu:
+        s.count //= 2
+    for th in h.threads.values():
+        th.cpu_samples //= 2
+        th.sockets = {k: v // 2 for k, v in th.sockets.items()}
+        th.offcpu_ns //= 2
+        th.lock_wait_ns //= 2
+    for lk in h.locks:
+        lk.waits //= 2
+        lk.wait_ns //= 2
+        lk.hist_log2_ns = [n // 2 for n in lk.hist_log2_ns]
+    for c in h.cachelines:
+        c.samples //= 2
+        c.transfers //= 2
+        c.cross_socket_transfers //= 2
+    h.findings = []
+    return h
+
+
+# The hand-made kvcached profiles of test_analysis and test_report: shaped like
+# a 5 s recording of kvcached -t 2 under kvload, --preset baseline and --preset
+# fixed; the numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s,
+# ~34 ms/s of waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
+# tests/golden/report-baseline.txt is the baseline's report, byte for byte.
+
+MAIN, W0, W1 = "4100", "4101", "4102"
+DURATION, HZ, RATE = 5.0, 99, 64
+TOPKEYS_LOCK = 0x55D0_0000_1000
+WORKER = ["start_thread", "worker_main", "ev_run", "conn_on_readable", "process_command"]
+
+
+def _stacks(tid: str, topkeys: int) -> list[CpuStack]:
+    """On-CPU stacks of one worker: mostly socket I/O, plus the four contention sites."""
+    t = int(tid)
+    get = [*WORKER, "process_get"]
+    return [
+        CpuStack(t, [*WORKER, "conn_write", "__libc_writev", "tcp_sendmsg_locked_[k]"], 90),
+        CpuStack(t, [*WORKER, "conn_read", "__libc_read", "tcp_recvmsg_[k]"], 50),
+        CpuStack(t, [*get, "update_topkeys"], topkeys),
+        CpuStack(t, [*get, "collect_timings"], 12),
+        CpuStack(t, [*get, "item_copy", "on_create_item"], 9),
+        CpuStack(t, [*get, "item_copy", "account_memory"], 7),
+        CpuStack(t, [*get, "hash_find"], 20),
+        CpuStack(t, [*get, "item_copy", "__memmove_avx_unaligned_erms"], 25),
+    ]
+
+
+def _line(
+    site: str, line: int, samples: int, transfers: int, cycles: float, tids: list[str]
+) -> CacheLineStat:
+    """A cache line sampled at `site`, its samples and transfers split evenly over `tids`."""
+    per = samples // len(tids)
+    return CacheLineStat(
+        site=site,
+        line=line,
+        samples=per * len(tids),
+        transfers=transfers,
+        cross_socket_transfers=0,
+        cycles_mean=cycles,
+        cycles_max=int(cycles * 20),
+        hist_log2_cycles=[],
+        socket_matrix=[[transfers]],
+        by_thread={t: LineThread(per, transfers // len(tids), cycles) for t in tids},
+    )
+
+
+def _profile(locks: list[LockStat], lines: list[CacheLineStat], topkeys_cpu: int) -> Profile:
+    """A kvcached -t 2 recording with the given lock and cache-line sections."""
+    oncpu = _stacks(W0, topkeys_cpu) + _stacks(W1, topkeys_cpu)
+    oncpu.append(CpuStack(int(MAIN), ["main", "listener_accept", "accept4"], 2))
+    per_thread = {W0: 0, W1: 0, MAIN: 0}
+    for s in oncpu:
+        per_thread[str(s.tid)] += s.count
+    idle = ["start_thread", "worker_main", "ev_run", "epoll_wait", "do_epoll_wait_[k]", "schedule_[k]"]
+    return Profile(
+        target=Target(
+            pid=int(MAIN),
+            comm="kvcached",
+            exe="/work/main/server/build/kvcached",
+            cmdline=["kvcached", "-p", "0", "-t", "2"],
+            kvs_probes=True,
+        ),
+        host=Host(
+            kernel="6.1.0-test",
+            cpus=2,
+            topology={"0": {"core": 0, "socket": 0, "node": 0}, "1": {"core": 1, "socket": 0, "node": 0}},
+        ),
+        window=Window(start=1_700_000_000.0, duration_s=DURATION),
+        hz=HZ,
+        collectors=["oncpu", "offcpu", "locks", "cachelines", "requests"],
+        threads={
+            MAIN: ThreadInfo(
+                name="kvcached",
+                cpu_samples=per_thread[MAIN],
+                sockets={"0": per_thread[MAIN]},
+                stack_quality=0.0,
+            ),
+            W0: ThreadInfo(
+                name="kv-worker-0",
+                cpu_samples=per_thread[W0],
+                sockets={"0": per_thread[W0]},
+                stack_quality=0.02,
+            ),
+            W1: ThreadInfo(
+                name="kv-worker-1",
+                cpu_samples=per_thread[W1],
+                sockets={"0": per_thread[W1]},
+                stack_quality=0.03,
+            ),
+        },
+        oncpu=oncpu,
+        offcpu=OffCpu(
+            stacks=[
+                OffCpuStack(int(W0), idle, 1_500_000_000),
+                OffCpuStack(int(W1), idle, 1_400_000_000),
+                OffCpuStack(int(MAIN), ["main", "listener_run", "epoll_wait"], 4_900_000_000),
+            ],
+            futex=[
+                FutexWait(
+                    int(t),
+                    TOPKEYS_LOCK,
+                    [*WORKER, "update_topkeys", "kv_lock_contended", "__lll_lock_wait"],
+                    30_000,
+                    80_000_000,
+                )
+                for t in (W0, W1)
+            ]
+            if locks
+            else [],
+        ),
+        locks=locks,
+        cachelines=lines,
+        requests={
+            "get": RequestStat(count=52_000, p50_ns=2_100, p99_ns=41_000),
+            "set": RequestStat(count=2_700, p50_ns=3_300, p99_ns=60_000),
+        },
+        status=Status(
+            collectors={"oncpu": "ok", "offcpu": "ok", "locks": "ok", "cachelines": "ok", "requests": "ok"},
+            sample_rates={"cmd__start": RATE, "cmd__done": RATE, "atomic__sample": RATE},
+        ),
+    )
+
+
+def baseline_profile() -> Profile:
+    """kvcached --preset baseline: topkeys waits on both workers, four bouncing counter sites."""
+    topkeys = LockStat(
+        name="topkeys",
+        address=TOPKEYS_LOCK,
+        waits=76_000,
+        wait_ns=172_000_000,
+        max_ns=1_900_000,
+        hist_log2_ns=[],
+        by_thread={W0: ThreadWaits(39_000, 90_000_000), W1: ThreadWaits(37_000, 82_000_000)},
+        stacks=[
+            LockStack([*WORKER, "process_get", "update_topkeys", "kv_lock_contended"], 70_000, 160_000_000),
+            LockStack([*WORKER, "process_set", "update_topkeys", "kv_lock_contended"], 6_000, 12_000_000),
+        ],
+    )
+    item_lock = LockStat(
+        name="item_lock",
+        address=0x55D0_0000_8000,
+        waits=40,
+        wait_ns=600_000,
+        max_ns=90_000,
+        by_thread={W0: ThreadWaits(22, 300_000), W1: ThreadWaits(18, 300_000)},
+        stacks=[LockStack([*WORKER, "process_get", "item_get", "kv_lock_contended"], 40, 600_000)],
+    )
+    both = [W0, W1]
+    # ~700k updates/s per site = 55k samples in 5 s at 1 in 64; 40 % of them find the line elsewhere
+    lines = [
+        _line("collect_timings", 0x55D0_0001_0040, 40_000, 16_000, 240.0, both),
+        _line("collect_timings", 0x55D0_0001_0080, 15_000, 6_000, 230.0, both),
+        _line("on_create_item", 0x55D0_0002_0000, 55_000, 22_000, 260.0, both),
+        _line("on_delete_item", 0x55D0_0002_0000, 55_000, 22_000, 250.0, both),
+        _line("account_memory", 0x55D0_0003_0000, 110_000, 44_000, 270.0, both),
+    ]
+    return _profile([topkeys, item_lock], lines, topkeys_cpu=30)
+
+
+def fixed_profile() -> Profile:
+    """kvcached --preset fixed: no topkeys waits, every counter line written by one thread."""
+    lines = []
+    for i, site in enumerate(["collect_timings", "on_create_item", "on_delete_item", "account_memory"]):
+        for j, tid in enumerate((W0, W1)):
+            # per-thread slots: a transfer only when the owner moved to the other CPU
+            lines.append(_line(site, 0x55D0_0010_0000 + i * 0x1000 + j * 64, 30_000, 300, 38.0, [tid]))
+    return _profile([], lines, topkeys_cpu=14)
