@@ -235,3 +235,12 @@ class ThreadNames:
 
     def get(self, tid: int, fallback: str = "") -> str:
         return self._names.get(tid) or fallback
+
+    def first_seen(self, tid: int) -> str:
+        """The name of one thread, read the first time it is asked for ("" once it is gone)."""
+        if tid not in self._names:
+            try:
+                self._names[tid] = Path(f"/proc/{self.pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                self._names[tid] = ""
+        return self._names[tid]

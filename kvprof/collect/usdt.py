@@ -20,7 +20,7 @@ when it is made for a file, so it is made for a private copy of the
 executable whose notes name no semaphore: it generates the same code and
 never touches the target.
 
-bcc is imported only when a program is loaded, so `kvs_probes()` and
+bcc is imported only when a program is attached, so `kvs_probes()` and
 `not_applicable()` work without it.
 """
 
@@ -37,11 +37,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvprof.collect import PROBES_DIR, CollectError
+from kvprof.collect import PROBE_SAMPLE, PROBES_DIR, CollectError
 from kvprof.collect.elf import ElfFile, ProbesError, UsdtProbe, read_probes
 
 PROVIDER = "kvs"
-DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample
 
 _NOTE = re.compile(r"Provider: (\S+)\s+Name: (\S+)")
 
@@ -92,7 +91,7 @@ def probe_sample(pid: int) -> int:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return DEFAULT_PROBE_SAMPLE
+        return PROBE_SAMPLE
     args = [a.decode(errors="replace") for a in argv]
     for i, arg in enumerate(args):
         value = None
@@ -105,7 +104,7 @@ def probe_sample(pid: int) -> int:
                 return max(int(value), 1)
             except ValueError:
                 break
-    return DEFAULT_PROBE_SAMPLE
+    return PROBE_SAMPLE
 
 
 def program_text(name: str) -> str:
@@ -256,50 +255,45 @@ def readarg_code(elf: ElfFile, sites: list[UsdtProbe], probes: dict[str, str]) -
 
 
 class KvsProgram:
-    """One BPF program attached to `kvs` probes of one process.
+    """One collector's program on `kvs` probes of one process.
 
-    `probes` maps probe name -> C function. Maps are read with `table(name)`;
-    `close()` closes the uprobes (the kernel lowers the semaphores) and frees
-    the program; it is idempotent and tolerates a target that died.
+    `probes` maps probe name -> C function. `text` is the program (the code that
+    reads the probe arguments, then probes/<name>.bpf.c) for a module
+    (kvprof.collect.bpf); attach(bpf) attaches its functions to every site once
+    the module is compiled; close() closes the uprobes (the kernel lowers the
+    semaphores) and is idempotent, also for a target that died.
     """
 
-    def __init__(self, pid: int, name: str, probes: dict[str, str], cflags: list[str]) -> None:
+    def __init__(self, pid: int, name: str, probes: dict[str, str]) -> None:
         self.pid = pid
         self.name = name
-        self.bpf: Any = None
+        self.probes = probes
         self._fds: list[int] = []
         try:
-            from bcc import BPF
-        except ImportError as e:
-            raise CollectError(f"BCC is not importable ({e}): run scripts/provision.sh") from None
-        try:
-            elf = ElfFile(f"/proc/{pid}/exe")  # the image that runs, even if its file was replaced
-            sites = _sites(elf, probes, pid)
-            text = readarg_code(elf, sites, probes) + program_text(name)
-            self.bpf = BPF(text=text.encode(), cflags=[f"-DTARGET_PID={pid}", *cflags])
-            for site in sites:
-                prog = self.bpf.load_func(probes[site.name].encode(), BPF.KPROBE)
-                self._fds.append(attach_site(prog.fd, elf, site, pid))
+            self._elf = ElfFile(f"/proc/{pid}/exe")  # the image that runs, even if its file was replaced
+            self._sites = _sites(self._elf, probes, pid)
+            self.text = readarg_code(self._elf, self._sites, probes) + program_text(name)
         except (CollectError, ProbesError) as e:
-            self.close()
             raise CollectError(f"cannot attach {name} to the kvs probes of PID {pid}: {e}") from None
-        except Exception as e:
-            self.close()
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CollectError(f"cannot attach {name} to the kvs probes of PID {pid}: {first}") from None
 
-    def table(self, name: str) -> Any:
-        return self.bpf[name.encode()]
+    def attach(self, bpf: Any) -> None:
+        from bcc import BPF
+
+        try:
+            for site in self._sites:
+                prog = bpf.load_func(self.probes[site.name].encode(), BPF.KPROBE)
+                self._fds.append(attach_site(prog.fd, self._elf, site, self.pid))
+        except Exception as e:  # CollectError, ProbesError, BCC's load failure
+            self.close()
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CollectError(
+                f"cannot attach {self.name} to the kvs probes of PID {self.pid}: {why}"
+            ) from None
 
     def close(self) -> None:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)  # the kernel removes the uprobe and lowers its semaphore
-        if self.bpf is not None:
-            try:
-                self.bpf.cleanup()
-            finally:
-                self.bpf = None
 
 
 def log2_slot(value: int) -> int:
