@@ -239,23 +239,31 @@ class Session:
         self._state(collector.name, "ok", on_state)
 
     def add(self, name: str, on_state: Callable[[str, str], None] | None = None) -> str:
-        """Attach one more collector to a started session; returns its state ("ok", or
-        why not, as in status.collectors; "closed" when the session was closed
-        meanwhile). A live view uses it to show the first collectors' numbers while
-        slower ones still compile; may run in another thread than snapshot(). The
-        new collector's counts fall inside the window but cover only the part
-        since it attached."""
-        if name not in ALL_COLLECTORS:
-            raise CollectError(f"unknown collector {name!r}: choose from {', '.join(ALL_COLLECTORS)}")
+        """Attach one more collector to a started session; returns its state, as
+        extend() does."""
+        return self.extend([name], on_state)[name]
+
+    def extend(self, names: list[str], on_state: Callable[[str, str], None] | None = None) -> dict[str, str]:
+        """Attach more collectors to a started session, their BPF programs compiled
+        as one module; returns each one's state ("ok", or why not, as in
+        status.collectors; "closed" when the session was closed meanwhile). A live
+        view starts the session with the collectors that compile fastest and
+        extends it with the rest, to show the first numbers sooner; may run in
+        another thread than snapshot(). The new collectors' counts fall inside the
+        window but cover only the part since they attached."""
+        unknown = [n for n in names if n not in ALL_COLLECTORS]
+        if unknown:
+            raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
         try:
-            self._attach([name], on_state)
+            self._attach(list(names), on_state)
         except BaseException:
             self.close()
             raise
         with self._lock:
             if self._closed:
-                self.status.collectors[name] = "closed"
-            return self.status.collectors[name]
+                for name in names:
+                    self.status.collectors[name] = "closed"
+            return {name: self.status.collectors[name] for name in names}
 
     def close(self) -> None:
         """Detach every collector; safe to call twice, from error paths, and from
