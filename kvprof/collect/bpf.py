@@ -20,8 +20,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 from bcc.libbcc import lib
 from bcc.utils import get_online_cpus
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
-from kvprof.collect.symbols import Symbolizer, ThreadNames
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
 from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
 from kvprof.model.profile import Profile
 
@@ -218,40 +217,6 @@ class KvsCollector(BpfCollector):
         raise NotImplementedError
 
 
-class StackCollector(BpfCollector):
-    """A BPF collector whose program walks user stacks with probes/unwind.h: the
-    programs of one module share its unwind tables (one Unwinder) and `ustacks`."""
-
-    def __init__(self, pid: int, opts: CollectOptions) -> None:
-        super().__init__(pid, opts)
-        self.unwinder = unwind.Unwinder(pid)
-        self.symbols = Symbolizer(pid, self.unwinder)
-        self.names = ThreadNames(pid)
-        self._ustacks: dict[int, tuple[list[int], str]] = {}  # what was read of `ustacks`
-
-    def program_of(self, flags: list[str]) -> Program:
-        """probes/<name>.bpf.c with unwind.h, and `flags` beyond unwind.h's bounds."""
-        return Program(
-            self.name, unwind.with_unwinder(self.name), [*unwind.cflags(self.opts.stack_storage), *flags]
-        )
-
-    def _attach(self, module: Module) -> None:
-        self.names.refresh()
-        self.symbols.warm()
-        self.unwinder = unwind.shared(module, self.unwinder, self.opts.progress, self.name)
-        self.symbols.unwinder = self.unwinder
-
-    def refresh(self) -> None:
-        """Push what was mapped since attaching (the uprobe trampoline, dlopen)."""
-        if self.module is not None:
-            self.unwinder.refresh(self.module.bpf)
-
-    def user_stacks(self) -> dict[int, tuple[list[int], str]]:
-        """`ustacks`: key -> (ips leaf first, why the walk stopped)."""
-        assert self.module is not None
-        return unwind.read_stacks(self.module.table("ustacks"), self._ustacks)
-
-
 def attach_cpu_clock(bpf: Any, fn_name: str, hz: int, who: str) -> list[int]:
     """Attach `fn_name` to a cpu-clock event at `hz` on every online CPU, each
     counting every task (as BCC's `profile` does); returns the events' fds,
@@ -295,3 +260,36 @@ def warn(profile: Profile, what: str, n: int, fix: str) -> None:
     """`what: n (fix)` in the profile's warnings, replacing an earlier count of the same thing."""
     kept = [w for w in profile.status.warnings if not w.startswith(f"{what}: ")]
     profile.status.warnings = [*kept, f"{what}: {n} ({fix})"]
+
+
+class ThreadNames:
+    """Thread names (`/proc/PID/task/TID/comm`) read while the target runs and
+    kept once it is gone; names it never saw come from `fallback`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._names: dict[int, str] = {}
+
+    def refresh(self) -> None:
+        task = Path(f"/proc/{self.pid}/task")
+        try:
+            tids = [int(t.name) for t in task.iterdir()]
+        except OSError:  # the process is gone
+            return
+        for tid in tids:
+            try:
+                self._names[tid] = (task / str(tid) / "comm").read_text().rstrip("\n")
+            except OSError:  # the thread exited meanwhile
+                pass
+
+    def get(self, tid: int, fallback: str = "") -> str:
+        return self._names.get(tid) or fallback
+
+    def first_seen(self, tid: int) -> str:
+        """The name of one thread, read the first time it is asked for ("" once it is gone)."""
+        if tid not in self._names:
+            try:
+                self._names[tid] = Path(f"/proc/{self.pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                self._names[tid] = ""
+        return self._names[tid]

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, array_counters, cstr
-from kvprof.collect.symbols import ThreadNames
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, cstr
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, array_counters, cstr
-from kvprof.collect.symbols import Symbolizer, ThreadNames
+from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr
+from kvprof.collect.symbols import Symbolizer
 from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
 
 COUNTERS = ("events", "map_full", "stack_errors")  # the order of enum locks_counter

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprof.collect import CollectOptions
-from kvprof.collect.bpf import Module, Program, StackCollector, percpu_counters, warn
+from kvprof.collect.bpf import Module, Program, percpu_counters, warn
+from kvprof.collect.stacks import StackCollector
 from kvprof.collect.symbols import DataNames
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 

@@ -19,13 +19,13 @@ from kvprof.collect import CollectOptions
 from kvprof.collect.bpf import (
     Module,
     Program,
-    StackCollector,
     attach_cpu_clock,
     close_perf_events,
     cstr,
     percpu_counters,
     warn,
 )
+from kvprof.collect.stacks import StackCollector
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
 
 # The order of `enum oncpu_health` in probes/oncpu.bpf.c.

@@ -27,13 +27,13 @@ from kvprof.collect.bpf import (
     BpfCollector,
     Module,
     Program,
+    ThreadNames,
     attach_cpu_clock,
     close_perf_events,
     percpu_counters,
     source,
     warn,
 )
-from kvprof.collect.symbols import ThreadNames
 from kvprof.model.profile import AddressSample, Profile, SampledAddresses, ThreadInfo
 
 if TYPE_CHECKING:

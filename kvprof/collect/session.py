@@ -5,6 +5,13 @@
             ...            # a cumulative Profile every interval
         profile = s.snapshot()
 
+start() compiles the programs of all the BPF collectors as one BCC module
+(one clang run; a module that does not compile is compiled again per
+collector, so one broken program fails only its collector), then attaches
+each; `start(on_state=...)` hears every collector's state as it changes.
+extend() attaches more to a started session the same way. The contract the
+collectors follow is in kvprof/collect/__init__.py.
+
 The session owns the collectors' lifetimes: every one that started is
 closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`), on
 SIGTERM (turned into KeyboardInterrupt while a session is open) and when the

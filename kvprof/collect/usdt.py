@@ -53,16 +53,27 @@ def exe_of(pid: int) -> str:
         return ""
 
 
+_KVS_PROBES: dict[tuple[int, int, int, int], list[str]] = {}  # (pid, dev, inode, mtime) -> names
+
+
 def kvs_probes(pid: int) -> list[str]:
     """Names of the `kvs` provider's probes in the target's executable (from
-    `readelf -n`, which reads the stapsdt notes BCC itself uses)."""
+    `readelf -n`, which reads the stapsdt notes BCC itself uses); read once per
+    process and executable (a session asks for every kvs collector)."""
     try:
-        out = subprocess.run(
-            ["readelf", "-n", f"/proc/{pid}/exe"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        st = os.stat(f"/proc/{pid}/exe")
+    except OSError:
         return []
-    return sorted({name for provider, name in _NOTE.findall(out) if provider == PROVIDER})
+    key = (pid, st.st_dev, st.st_ino, st.st_mtime_ns)
+    if key not in _KVS_PROBES:
+        try:
+            out = subprocess.run(
+                ["readelf", "-n", f"/proc/{pid}/exe"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        _KVS_PROBES[key] = sorted({name for provider, name in _NOTE.findall(out) if provider == PROVIDER})
+    return list(_KVS_PROBES[key])
 
 
 def has_kvs_probes(pid: int) -> bool:
