@@ -97,7 +97,7 @@ BPF_PERCPU_ARRAY(offcpu_health, u64, OFFCPU_HEALTH);
 
 static __always_inline void offcpu_count(int what, u64 n)
 {
-    kv_add(offcpu_health.lookup(&what), n);
+    kv_add_percpu(offcpu_health.lookup(&what), n);
 }
 
 // The current task's user stack (it is in the kernel: its user registers are

@@ -51,11 +51,11 @@ int oncpu_on_sample(struct kv_perf_event_data *ctx)
     if (unw_user_regs(&ctx->regs, &regs) == 0)
         key.user_stack = unw_stack(&regs);
     key.kernel_stack = oncpu_stacks.get_stackid(ctx, 0);
-    kv_add(oncpu_health.lookup(KV_IDX(ONCPU_SAMPLES)), 1);
+    kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_SAMPLES)), 1);
     if (!key.user_stack)
-        kv_add(oncpu_health.lookup(KV_IDX(ONCPU_USER_STACK_ERR)), 1);
+        kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_USER_STACK_ERR)), 1);
     if (kv_stack_lost(key.kernel_stack))
-        kv_add(oncpu_health.lookup(KV_IDX(ONCPU_KERNEL_STACK_ERR)), 1);
+        kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_KERNEL_STACK_ERR)), 1);
 
     u64 *n = oncpu_counts.lookup(&key);
     if (n) {
@@ -67,13 +67,13 @@ int oncpu_on_sample(struct kv_perf_event_data *ctx)
             // Another CPU added the key between our lookup and insert.
             kv_add(oncpu_counts.lookup(&key), 1);
         } else if (err) {
-            kv_add(oncpu_health.lookup(KV_IDX(ONCPU_MAP_FULL)), 1);
+            kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_MAP_FULL)), 1);
         }
     }
 
     struct oncpu_comm comm = {};
     bpf_get_current_comm(&comm.name, sizeof(comm.name));
     if (oncpu_comms.update(&key.tid, &comm))
-        kv_add(oncpu_health.lookup(KV_IDX(ONCPU_COMM_FULL)), 1);
+        kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_COMM_FULL)), 1);
     return 0;
 }

@@ -54,14 +54,14 @@ int regsample_on_sample(struct kv_perf_event_data *ctx)
     u64 id = bpf_get_current_pid_tgid();
     if (!kv_is_target(id))
         return 0;
-    kv_add(regsample_health.lookup(KV_IDX(REGSAMPLE_SAMPLES)), 1);
+    kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_SAMPLES)), 1);
     u32 tid = (u32)id;
     int user = (ctx->regs.cs & 3) == 3;
 
     struct regsample_thread zero = {};
     struct regsample_thread *t = regsample_threads.lookup_or_try_init(&tid, &zero);
     if (!t)
-        kv_add(regsample_health.lookup(KV_IDX(REGSAMPLE_THREADS_FULL)), 1);
+        kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_THREADS_FULL)), 1);
     else if (user)
         __sync_fetch_and_add(&t->user, 1);
     else

@@ -11,7 +11,7 @@ BPF_PERCPU_ARRAY(hits, u64, USDT_RATE_PROBES);
 static __always_inline int hit(int i)
 {
     if (kv_is_target(bpf_get_current_pid_tgid()))
-        kv_add(hits.lookup(&i), 1);
+        kv_add_percpu(hits.lookup(&i), 1);
     return 0;
 }
 
