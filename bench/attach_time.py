@@ -5,16 +5,22 @@ Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, then:
 
 1. `kvprof record -p PID -d 2`, --runs times: the seconds from starting the
    command to its "attached N collectors" line, and to its exit;
-2. each default collector alone (`record --collectors NAME -d 0.1`): the
-   seconds to its "attached" line, which is mostly that collector's BCC
-   compile (the Python start-up and the kvs probe lookup are in every row);
-3. `kvprof top -p PID` in a 132x40 pseudo-terminal, --runs times: the
+2. `kvprof record -p PID -d 0.1`, --runs times: the seconds to "attached",
+   and the CPU seconds of the whole command (user + system, its children
+   included): almost all of it is attaching, and machine load moves it far
+   less than the wall-clock times;
+3. each default collector alone (`record --collectors NAME -d 0.1`): the
+   seconds to its "attached" line and the command's CPU seconds (the Python
+   start-up and the kvs probe lookup are in every row);
+4. `kvprof top -p PID` in a 132x40 pseudo-terminal, --runs times: the
    seconds to the first finding on screen (`topkeys`, the demo server's
    hottest lock) and to "N collectors ✓" (every collector attached).
 
-Run it under the benchmark lock so no other measurement overlaps:
+`--tree DIR` runs the kvprof of another checkout (its .venv), e.g. the main
+branch for the "before" row of docs/record.md. Run it under the benchmark
+lock so no other measurement overlaps:
 
-    flock /tmp/kvprof-bench.lock sudo .venv/bin/python bench/attach_time.py [--runs 3]
+    flock /tmp/kvprof-bench.lock sudo .venv/bin/python bench/attach_time.py [--runs 3] [--tree /work/main]
 """
 
 from __future__ import annotations
@@ -37,11 +43,18 @@ from kvprof.collect.session import ALL_COLLECTORS  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
 
 
-def timed_record(pid: int, out: Path, extra: list[str]) -> tuple[dict[str, float], str]:
-    """Seconds from start to record's "attached" line and to its exit; that line."""
-    argv = [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-o", str(out), *extra]
+def kvprof(tree: Path) -> list[str]:
+    """The command that runs the kvprof of checkout `tree`."""
+    python = tree / ".venv" / "bin" / "python"
+    return [str(python if python.exists() else sys.executable), "-m", "kvprof.cli"]
+
+
+def timed_record(pid: int, out: Path, extra: list[str], tree: Path) -> tuple[dict[str, float], str]:
+    """Seconds from start to record's "attached" line and to its exit, and the
+    command's CPU seconds ("cpu"); that line."""
+    argv = [*kvprof(tree), "record", "-p", str(pid), "-o", str(out), *extra]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tree)
     assert proc.stderr is not None
     marks: dict[str, float] = {}
     lines = []
@@ -50,19 +63,23 @@ def timed_record(pid: int, out: Path, extra: list[str]) -> tuple[dict[str, float
         now = time.monotonic() - t0
         if "attached" in line and "attached" not in marks:
             marks["attached"] = now
+    _, status, usage = os.wait4(proc.pid, 0)
     marks["exit"] = time.monotonic() - t0
-    if proc.wait() != 0 or "attached" not in marks:
+    marks["cpu"] = usage.ru_utime + usage.ru_stime  # with its children's (readelf), once waited for
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or "attached" not in marks:
         print(f"attach_time: {' '.join(argv)} failed: {' | '.join(lines[-3:])}", file=sys.stderr)
         marks.setdefault("attached", float("nan"))
     return marks, next((x.strip() for x in lines if "attached" in x), "")
 
 
-def timed_top(pid: int) -> tuple[float, float]:
+def timed_top(pid: int, tree: Path) -> tuple[float, float]:
     """Seconds from starting `kvprof top -p PID` to its first finding and to all attached."""
     from top_cpu import Screen  # bench/top_cpu.py, next to this file
 
     t0 = time.monotonic()
-    screen = Screen([sys.executable, "-m", "kvprof.cli", "top", "-p", str(pid)])
+    os.chdir(tree)
+    screen = Screen([*kvprof(tree), "top", "-p", str(pid)])
     try:
         first = math.nan
         while time.monotonic() - t0 < 120 and not screen.seen_attached.is_set():
@@ -77,12 +94,19 @@ def timed_top(pid: int) -> tuple[float, float]:
         screen.stop()
 
 
+def git_head(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h"], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="full `record -d 2` runs (default 3)")
     ap.add_argument("--no-each", action="store_true", help="skip the per-collector rows")
     ap.add_argument("--no-top", action="store_true", help="skip the `kvprof top` rows")
+    ap.add_argument("--tree", type=Path, default=REPO, help="the kvprof checkout to time (default: this one)")
     a = ap.parse_args()
+    tree = a.tree.resolve()
     if os.geteuid() != 0:
         print("attach_time: needs root (kvprof record loads BPF programs)", file=sys.stderr)
         return 2
@@ -91,11 +115,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kvprof-attach-"))
     try:
         time.sleep(2.0)  # kvload populates its keys first
-        print(f"kvcached PID {server.pid} (baseline, 2 workers) under the demo load; load average "
-              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+        print(f"kvprof of {tree} ({git_head(tree)}); kvcached PID {server.pid} (baseline, 2 workers) "
+              f"under the demo load; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         full = []
         for i in range(a.runs):
-            m, text = timed_record(server.pid, tmp / "full.json.gz", ["-d", "2"])
+            m, text = timed_record(server.pid, tmp / "full.json.gz", ["-d", "2"], tree)
             full.append(m)
             print(f"  record -d 2, run {i + 1}: attached after {m['attached']:5.2f} s, exit after "
                   f"{m['exit']:5.2f} s  ({text})", flush=True)  # fmt: skip
@@ -103,14 +127,26 @@ def main() -> int:
         exits = [m["exit"] for m in full]
         print(f"record -d 2: attached after median {statistics.median(att):.2f} s (min {min(att):.2f}, "
               f"max {max(att):.2f}); exit after median {statistics.median(exits):.2f} s")  # fmt: skip
+        short = []
+        for i in range(a.runs):
+            m, _ = timed_record(server.pid, tmp / "short.json.gz", ["-d", "0.1"], tree)
+            short.append(m)
+            print(f"  record -d 0.1, run {i + 1}: attached after {m['attached']:5.2f} s, "
+                  f"{m['cpu']:5.2f} CPU s", flush=True)  # fmt: skip
+        cpus = [m["cpu"] for m in short]
+        att = [m["attached"] for m in short]
+        print(f"record -d 0.1: attached after median {statistics.median(att):.2f} s, "
+              f"median {statistics.median(cpus):.2f} CPU s (min {min(cpus):.2f}, max {max(cpus):.2f}); "
+              f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         if not a.no_each:
-            print("each collector alone (record --collectors NAME -d 0.1), seconds to 'attached':")
+            print("each collector alone (record --collectors NAME -d 0.1), seconds to 'attached', CPU s:")
             for name in ALL_COLLECTORS:
-                m, _ = timed_record(server.pid, tmp / f"{name}.json.gz", ["--collectors", name, "-d", "0.1"])
-                print(f"  {name:<11} {m['attached']:5.2f} s", flush=True)
+                extra = ["--collectors", name, "-d", "0.1"]
+                m, _ = timed_record(server.pid, tmp / f"{name}.json.gz", extra, tree)
+                print(f"  {name:<11} {m['attached']:5.2f} s  {m['cpu']:5.2f} CPU s", flush=True)
         if not a.no_top:
             for i in range(a.runs):
-                first, attached = timed_top(server.pid)
+                first, attached = timed_top(server.pid, tree)
                 print(f"  top -p, run {i + 1}: first finding (topkeys) after {first:5.2f} s, every collector "
                       f"attached after {attached:5.2f} s", flush=True)  # fmt: skip
         return 0

@@ -7,76 +7,65 @@
  * ...). One entry per (lock name, lock address, thread, call-site stack);
  * one log2 histogram of wait ns per lock name.
  *
- * cflags: -DTARGET_PID=<tgid>, -DSTACK_STORAGE=<stack ids>,
- *         -DMAX_ENTRIES=<entries per map>
+ * Flags: those of common.h.
  */
-#include <uapi/linux/ptrace.h>
+#include "common.h"
 
-#define NAME_LEN 16
-#define HIST_SLOTS 64
+#define LOCKS_NAME_LEN 16
 
-struct lock_key {
-    char name[NAME_LEN];
+struct locks_key {
+    char name[LOCKS_NAME_LEN];
     u64 lock;
     u32 tid;
     s32 stack_id;
 };
 
-struct lock_val {
+struct locks_val {
     u64 waits;
     u64 wait_ns;
     u64 max_ns;
 };
 
-struct hist_key {
-    char name[NAME_LEN];
+struct locks_hist_key {
+    char name[LOCKS_NAME_LEN];
     u32 slot;
 };
 
-enum counter { C_EVENTS, C_MAP_FULL, C_STACK_ERRORS, C_COUNTERS };
+enum locks_counter { LOCKS_EVENTS, LOCKS_MAP_FULL, LOCKS_STACK_ERRORS, LOCKS_COUNTERS };
 
-BPF_HASH(waits, struct lock_key, struct lock_val, MAX_ENTRIES);
-BPF_HASH(hist, struct hist_key, u64, 4096);
-BPF_STACK_TRACE(stacks, STACK_STORAGE);
-BPF_ARRAY(counters, u64, C_COUNTERS);
+BPF_HASH(locks_waits, struct locks_key, struct locks_val, MAX_ENTRIES);
+BPF_HASH(locks_hist, struct locks_hist_key, u64, 4096);
+BPF_STACK_TRACE(locks_stacks, STACK_STORAGE);
+BPF_ARRAY(locks_counters, u64, LOCKS_COUNTERS);
 
-static __always_inline void count(int which)
+static __always_inline void locks_count(int which)
 {
-    u64 *c = counters.lookup(&which);
-    if (c)
-        __sync_fetch_and_add(c, 1);
+    kv_add(locks_counters.lookup(&which), 1);
 }
 
-/* bucket i holds [2^i, 2^(i+1)); bucket 0 also holds 0 */
-static __always_inline u32 slot_of(u64 v)
-{
-    u32 s = v ? bpf_log2l(v) - 1 : 0;
-    return s < HIST_SLOTS ? s : HIST_SLOTS - 1;
-}
-
-int on_wait_done(struct pt_regs *ctx)
+int locks_on_wait_done(struct pt_regs *ctx)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
-    if ((pid_tgid >> 32) != TARGET_PID)
+    if (!kv_is_target(pid_tgid))
         return 0;
     u64 lock = 0, name = 0, ns = 0;
     bpf_usdt_readarg(1, ctx, &lock);
     bpf_usdt_readarg(2, ctx, &name);
     bpf_usdt_readarg(3, ctx, &ns);
-    count(C_EVENTS);
+    locks_count(LOCKS_EVENTS);
 
-    struct lock_key k = {};
+    struct locks_key k = {};
     bpf_probe_read_user_str(k.name, sizeof(k.name), (void *)name);
     k.lock = lock;
     k.tid = (u32)pid_tgid;
-    k.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    k.stack_id = locks_stacks.get_stackid(ctx, BPF_F_USER_STACK);
     if (k.stack_id < 0)
-        count(C_STACK_ERRORS);
+        locks_count(LOCKS_STACK_ERRORS);
 
-    struct lock_val zero = {};
-    struct lock_val *v = waits.lookup_or_try_init(&k, &zero);
+    struct locks_val zero = {};
+    struct locks_val *v = locks_waits.lookup_or_try_init(&k, &zero);
     if (!v) {
-        count(C_MAP_FULL);
+        locks_count(LOCKS_MAP_FULL);
         return 0;
     }
     __sync_fetch_and_add(&v->waits, 1);
@@ -86,14 +75,14 @@ int on_wait_done(struct pt_regs *ctx)
     if (ns > v->max_ns)
         v->max_ns = ns;
 
-    struct hist_key hk = {};
+    struct locks_hist_key hk = {};
     __builtin_memcpy(hk.name, k.name, sizeof(hk.name));
-    hk.slot = slot_of(ns);
+    hk.slot = kv_log2_slot(ns);
     u64 one = 0;
-    u64 *h = hist.lookup_or_try_init(&hk, &one);
+    u64 *h = locks_hist.lookup_or_try_init(&hk, &one);
     if (h)
         __sync_fetch_and_add(h, 1);
     else
-        count(C_MAP_FULL);
+        locks_count(LOCKS_MAP_FULL);
     return 0;
 }

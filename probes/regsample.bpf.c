@@ -1,11 +1,10 @@
 // User registers of one process at each on-CPU sample, for data addresses.
 //
-// Loaded by kvprof/collect/regsample.py, which attaches on_sample to one
-// cpu-clock event per CPU at the on-CPU sampling rate (as oncpu.bpf.c does)
-// and passes:
-//   -DTARGET_TGID=<pid>     the process to keep; every other sample is dropped here
-//   -DRING=<n>              raw samples kept (a power of two): the newest n
-//   -DMAX_THREADS=<n>       threads counted in `threads`
+// Loaded by kvprof/collect/regsample.py, which attaches regsample_on_sample
+// to one cpu-clock event per CPU at the on-CPU sampling rate (as oncpu.bpf.c
+// does). Flags: those of common.h, and
+//   -DREGSAMPLE_RING=<n>       raw samples kept (a power of two): the newest n
+//   -DREGSAMPLE_THREADS=<n>    threads counted in `regsample_threads`
 //
 // When the sample interrupted user mode, ctx->regs are the target's user
 // registers: the loader decodes the instruction at (and just before) the IP
@@ -13,27 +12,20 @@
 // in kernel mode only counts for its thread (its user registers are behind
 // kernel structs, which this program never dereferences).
 //
-// The ring: `seq` numbers every user-mode sample; sample n goes to slot
-// n % RING and its `seq` field is written last, as n + 1, so a reader takes a
-// slot only when that field says it holds the sample it expects. A reader
-// that falls more than RING behind (or reads once, at the end of a long
-// window) loses the oldest ones: it counts them from `seq`.
+// The ring: `regsample_seq` numbers every user-mode sample; sample n goes to
+// slot n % RING and its `seq` field is written last, as n + 1, so a reader
+// takes a slot only when that field says it holds the sample it expects. A
+// reader that falls more than RING behind (or reads once, at the end of a
+// long window) loses the oldest ones: it counts them from `regsample_seq`.
 
-#include <uapi/linux/ptrace.h>
-#include <uapi/linux/bpf_perf_event.h>
+#include "common.h"
 
-#ifndef TARGET_TGID
-#error "compile with -DTARGET_TGID=<pid>"
-#endif
-#ifndef RING
-#define RING 32768
-#endif
-#ifndef MAX_THREADS
-#define MAX_THREADS 4096
+#if !defined(REGSAMPLE_RING) || !defined(REGSAMPLE_THREADS)
+#error "compile with -DREGSAMPLE_RING=<n> -DREGSAMPLE_THREADS=<n>"
 #endif
 
 // The order of the loader's REGS tuple.
-struct sample_t {
+struct regsample_slot {
     u64 seq;  // n + 1 once complete, 0 while never written
     u32 tid;
     u32 cpu;
@@ -41,43 +33,35 @@ struct sample_t {
     u64 regs[16];  // ax bx cx dx si di bp sp r8 .. r15
 };
 
-struct thread_t {
+struct regsample_thread {
     u64 user;    // samples in user mode (each one went to the ring)
     u64 kernel;  // samples in kernel mode (no user registers)
 };
 
-enum health {
-    H_SAMPLES,      // samples of the target
-    H_THREADS_FULL, // a new thread did not fit in `threads`
-    H_COUNT,
+enum regsample_health {
+    REGSAMPLE_SAMPLES,       // samples of the target
+    REGSAMPLE_THREADS_FULL,  // a new thread did not fit in `regsample_threads`
+    REGSAMPLE_HEALTH,
 };
 
-BPF_ARRAY(ring, struct sample_t, RING);
-BPF_ARRAY(seq, u64, 1);
-BPF_HASH(threads, u32, struct thread_t, MAX_THREADS);
-BPF_PERCPU_ARRAY(health, u64, H_COUNT);
+BPF_ARRAY(regsample_ring, struct regsample_slot, REGSAMPLE_RING);
+BPF_ARRAY(regsample_seq, u64, 1);
+BPF_HASH(regsample_threads, u32, struct regsample_thread, REGSAMPLE_THREADS);
+BPF_PERCPU_ARRAY(regsample_health, u64, REGSAMPLE_HEALTH);
 
-static __always_inline void count(int what)
-{
-    int idx = what;
-    u64 *v = health.lookup(&idx);
-    if (v)
-        (*v)++;
-}
-
-int on_sample(struct bpf_perf_event_data *ctx)
+int regsample_on_sample(struct kv_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if (!kv_is_target(id))
         return 0;
-    count(H_SAMPLES);
+    kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_SAMPLES)), 1);
     u32 tid = (u32)id;
     int user = (ctx->regs.cs & 3) == 3;
 
-    struct thread_t zero = {};
-    struct thread_t *t = threads.lookup_or_try_init(&tid, &zero);
+    struct regsample_thread zero = {};
+    struct regsample_thread *t = regsample_threads.lookup_or_try_init(&tid, &zero);
     if (!t)
-        count(H_THREADS_FULL);
+        kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_THREADS_FULL)), 1);
     else if (user)
         __sync_fetch_and_add(&t->user, 1);
     else
@@ -86,12 +70,12 @@ int on_sample(struct bpf_perf_event_data *ctx)
         return 0;
 
     int zero_idx = 0;
-    u64 *n = seq.lookup(&zero_idx);
+    u64 *n = regsample_seq.lookup(&zero_idx);
     if (!n)
         return 0;
     u64 mine = __sync_fetch_and_add(n, 1);
-    int slot = (int)(mine & (RING - 1));
-    struct sample_t *s = ring.lookup(&slot);
+    int slot = (int)(mine & (REGSAMPLE_RING - 1));
+    struct regsample_slot *s = regsample_ring.lookup(&slot);
     if (!s)
         return 0;
     s->seq = 0;

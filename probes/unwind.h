@@ -21,6 +21,9 @@
 // Stacks are stored by a 64-bit hash of their ips (and reason) in `ustacks`;
 // the aggregation maps key on that hash, like a stack id.
 
+#ifndef KVPROF_UNWIND_H  // oncpu and offcpu both include it in one module
+#define KVPROF_UNWIND_H
+
 // The loader passes the bounds (kvprof/collect/unwind.py: cflags()):
 //   -DUNWIND_ROWS=<n> -DUNWIND_PAGES=<n> -DUNWIND_FRAMES=<n, a power of two> -DUNWIND_STACKS=<n>
 #if !defined(UNWIND_ROWS) || !defined(UNWIND_PAGES) || !defined(UNWIND_FRAMES) || !defined(UNWIND_STACKS)
@@ -235,3 +238,5 @@ static __always_inline u64 unw_stack(struct unw_regs *regs)
     }
     return hash;
 }
+
+#endif

@@ -3,22 +3,15 @@
 // (per-CPU, so counting adds no shared cache line to the target's hot path).
 // The uprobes are attached with the target's PID; the tgid check below also
 // keeps out a child that shares the executable's pages.
-#include <uapi/linux/ptrace.h>
+// Flags: those of common.h, and -DUSDT_RATE_PROBES=<n> (handlers below: 64).
+#include "common.h"
 
-#ifndef TARGET_PID
-#error "TARGET_PID must be given with -DTARGET_PID=<pid>"
-#endif
-#define MAX_PROBES 64
-
-BPF_PERCPU_ARRAY(hits, u64, MAX_PROBES);
+BPF_PERCPU_ARRAY(hits, u64, USDT_RATE_PROBES);
 
 static __always_inline int hit(int i)
 {
-    if (bpf_get_current_pid_tgid() >> 32 != TARGET_PID)
-        return 0;
-    u64 *v = hits.lookup(&i);
-    if (v)
-        (*v)++;
+    if (kv_is_target(bpf_get_current_pid_tgid()))
+        kv_add_percpu(hits.lookup(&i), 1);
     return 0;
 }
 

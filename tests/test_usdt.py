@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from support import semaphores
 
-from kvprof.collect import CollectError
+from kvprof.collect import CollectError, CollectOptions
 from kvprof.system.servers import Server
 
 
@@ -18,7 +18,7 @@ from kvprof.system.servers import Server
 def test_another_tracer_on_the_same_site_is_named(kvcached_factory: Callable[..., Server]) -> None:
     from bcc import BPF, USDT
 
-    from kvprof.collect.usdt import KvsProgram
+    from kvprof.collect.requests import RequestsCollector
 
     theirs, ours = kvcached_factory("-t", "1"), kvcached_factory("-t", "1")
     usdt = USDT(pid=theirs.pid)
@@ -26,7 +26,7 @@ def test_another_tracer_on_the_same_site_is_named(kvcached_factory: Callable[...
     bpf = BPF(text=b"int on_done(struct pt_regs *ctx) { return 0; }", usdt_contexts=[usdt])
     try:
         with pytest.raises(CollectError) as caught:
-            KvsProgram(ours.pid, "requests", {"cmd__done": "on_done"}, [])
+            RequestsCollector(ours.pid, CollectOptions()).start()
     finally:
         bpf.cleanup()
         del usdt, bpf

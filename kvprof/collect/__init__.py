@@ -1,21 +1,35 @@
-"""eBPF collectors: the only package that imports bcc.
+"""Collectors: what kvprof counts in a target, one module per collector.
 
-One module per BPF program in probes/<name>.bpf.c; each module owns its
-program and maps and hands out plain dataclasses from kvprof.model (no bcc
-type leaves this package). The contract every collector follows:
+Every collector follows this contract (the session, session.py, drives a
+set of them against one PID):
 
     class XCollector:
         name = "x"                                   # as in Profile.collectors
         def __init__(self, pid: int, opts: CollectOptions) -> None
         def applies(self) -> str | None              # None, or why it does not apply to this target
-        def start(self) -> None                      # compile, load, attach; raises CollectError
+        def start(self) -> None                      # set up and attach; raises CollectError
         def contribute(self, profile: Profile) -> None
             # fill this collector's sections of `profile` with what it has
             # counted since start (cumulative), and its health counters in
             # profile.status.counters ("<name>.lost", "<name>.stack_errors", ...)
         def close(self) -> None                      # detach everything; idempotent
 
-The session (session.py) drives a set of collectors against one PID.
+A BPF collector (probes/<name>.bpf.c, the only modules that import bcc,
+through kvprof.collect.bpf) also has the two halves of start(), so that the
+session compiles the programs of all its BPF collectors as ONE BCC module
+(one clang run instead of one per collector, see docs/record.md):
+
+        def program(self) -> bpf.Program            # its C text and -D flags; raises CollectError
+        def attach(self, module: bpf.Module) -> None  # load, attach, push tables; raises CollectError
+
+start() is then attach(a module compiled for this collector alone). A
+program names its maps, types and functions `<name>_...` so that programs
+can share a module; probes/common.h holds what they share. attach() must
+own what it attaches (perf-event or uprobe fds it closes in close()), since
+the module outlives any one collector; the module's owner cleans it up.
+
+Every default lives here, once: CollectOptions' fields and the constants
+below; the BPF programs get them as -D flags from CollectOptions.cflags().
 """
 
 from __future__ import annotations
@@ -43,11 +57,29 @@ def missing_bcc() -> str | None:
     return None
 
 
+HZ = 99  # on-CPU (and register) samples per second per CPU; off a multiple of common timer rates
+STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
+MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
+OFFCPU_SAMPLE = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
+PROBE_SAMPLE = 256  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
+HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
+
+
 @dataclass
 class CollectOptions:
-    hz: int = 99
+    hz: int = HZ
     topology: Topology = field(default_factory=Topology.read)
-    stack_storage: int = 16384  # stack ids per stack map (raise if stack_errors show up)
-    max_entries: int = 10240  # entries per aggregation map (raise if map_full shows up)
-    offcpu_sample: int = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
+    stack_storage: int = STACK_STORAGE
+    max_entries: int = MAX_ENTRIES
+    offcpu_sample: int = OFFCPU_SAMPLE
     progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)
+
+    def cflags(self, pid: int) -> list[str]:
+        """The -D flags of probes/common.h for a program watching `pid`."""
+        return [
+            f"-I{PROBES_DIR}",
+            f"-DTARGET_TGID={pid}",
+            f"-DSTACK_STORAGE={self.stack_storage}",
+            f"-DMAX_ENTRIES={self.max_entries}",
+            f"-DHIST_SLOTS={HIST_SLOTS}",
+        ]

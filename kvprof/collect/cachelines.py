@@ -26,17 +26,16 @@ import ctypes
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
-from kvprof.collect import CollectOptions
-from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
+from kvprof.collect import HIST_SLOTS, CollectOptions
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, cstr
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
-HIST_SLOTS = 64
 MAX_SOCKETS = 8
 LINE = 64
-_COUNTERS = ("events", "map_full")
+COUNTERS = ("events", "map_full")  # the order of enum cachelines_counter
 
 
 @dataclass
@@ -99,73 +98,48 @@ class _Snapshot:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def _cstr(raw: Any) -> str:
-    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-
-
 def socket_count(topology: Topology) -> int:
     """Side of the socket matrix: sockets 0..max, capped at MAX_SOCKETS."""
     return min(max(topology.sockets, default=0) + 1, MAX_SOCKETS)
 
 
-class CachelinesCollector:
+class CachelinesCollector(KvsCollector):
     name = "cachelines"
+    probes: ClassVar[dict[str, str]] = {"atomic__sample": "cachelines_on_sample"}
+    instead = "shared-counter cache-line transfers need the server's own atomic__sample probe"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
-        self.pid = pid
-        self.opts = opts
+        super().__init__(pid, opts)
         self.sockets = socket_count(opts.topology)
-        self._prog: KvsProgram | None = None
         self._last = _Snapshot()
-        self._names: dict[int, str] = {}
-        self._rate = 0
+        self._names = ThreadNames(pid)
 
-    def applies(self) -> str | None:
-        return not_applicable(
-            self.pid,
-            ["atomic__sample"],
-            "shared-counter cache-line transfers need the server's own atomic__sample probe",
-        )
+    def cflags(self) -> list[str]:
+        max_cpus = max([*self.opts.topology.cpus, (os.cpu_count() or 1) - 1], default=0) + 1
+        return [f"-DCACHELINES_CPUS={max_cpus}", f"-DCACHELINES_SOCKETS={MAX_SOCKETS}"]
 
-    def start(self) -> None:
-        cpus = self.opts.topology.cpus
-        max_cpus = max([*cpus, (os.cpu_count() or 1) - 1], default=0) + 1
-        self._rate = probe_sample(self.pid)
-        self._prog = KvsProgram(
-            self.pid,
-            "cachelines",
-            {"atomic__sample": "on_sample"},
-            [
-                f"-DMAX_ENTRIES={self.opts.max_entries}",
-                f"-DMAX_CPUS={max_cpus}",
-                f"-DMAX_SOCKETS={MAX_SOCKETS}",
-            ],
-        )
-        table = self._prog.table("cpu_socket")
-        for cpu, place in cpus.items():
+    def _attach(self, module: Module) -> None:
+        table = module.table("cachelines_cpu_socket")
+        for cpu, place in self.opts.topology.cpus.items():
             table[ctypes.c_int(cpu)] = ctypes.c_uint(min(place.socket, MAX_SOCKETS - 1))
+        super()._attach(module)
 
     def _read(self) -> _Snapshot:
-        if self._prog is None:
+        if self.module is None:
             return self._last
-        from kvprof.collect.locks import thread_name
-
         snap = _Snapshot()
-        for k, v in self._prog.table("lines").items():
+        for k, v in self.table("lines").items():
             snap.rows.append(
-                LineRow(_cstr(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
+                LineRow(cstr(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
             )
-            if k.tid not in self._names:
-                self._names[k.tid] = thread_name(self.pid, k.tid)
-        for k, n in self._prog.table("hist").items():
-            h = snap.hist.setdefault((_cstr(k.site), k.line), [0] * HIST_SLOTS)
+            self._names.first_seen(k.tid)
+        for k, n in self.table("hist").items():
+            h = snap.hist.setdefault((cstr(k.site), k.line), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n.value
-        for k, n in self._prog.table("matrix").items():
-            cell = snap.matrix.setdefault((_cstr(k.site), k.line), {})
+        for k, n in self.table("matrix").items():
+            cell = snap.matrix.setdefault((cstr(k.site), k.line), {})
             cell[(k.__getattribute__("from"), k.to)] = n.value
-        counters = self._prog.table("counters")
-        for i, label in enumerate(_COUNTERS):
-            snap.counters[label] = int(counters[ctypes.c_int(i)].value)
+        snap.counters = array_counters(self.table("counters"), COUNTERS)
         self._last = snap
         return snap
 
@@ -177,7 +151,7 @@ class CachelinesCollector:
         for tid in {r.tid for r in snap.rows}:
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             if not info.name:
-                info.name = self._names.get(tid, "")
+                info.name = self._names.get(tid)
         if self._rate:
             profile.status.sample_rates["atomic__sample"] = self._rate
         for label, value in snap.counters.items():
@@ -186,15 +160,6 @@ class CachelinesCollector:
             profile.status.warnings.append(
                 f"cachelines: {snap.counters['map_full']} samples dropped, map full: raise --max-entries"
             )
-
-    def close(self) -> None:
-        if self._prog is not None:
-            try:
-                self._read()  # keep what was counted: the maps go with the program
-            except Exception:  # a failed last read must not keep probes attached
-                pass
-            prog, self._prog = self._prog, None
-            prog.close()
 
 
 def aggregate(

@@ -14,17 +14,15 @@ address of the name.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from kvprof.collect import CollectOptions
-from kvprof.collect.usdt import KvsProgram, not_applicable
+from kvprof.collect import HIST_SLOTS, CollectOptions
+from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr
+from kvprof.collect.symbols import Symbolizer
 from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
 
-HIST_SLOTS = 64
-_COUNTERS = ("events", "map_full", "stack_errors")
+COUNTERS = ("events", "map_full", "stack_errors")  # the order of enum locks_counter
 
 
 @dataclass
@@ -48,60 +46,32 @@ class _Snapshot:
     frames: dict[int, list[str]] = field(default_factory=dict)  # stack id -> frames
 
 
-def _cstr(raw: Any) -> str:
-    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-
-
-def thread_name(pid: int, tid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-class LocksCollector:
+class LocksCollector(KvsCollector):
     name = "locks"
+    probes: ClassVar[dict[str, str]] = {"lock__wait__done": "locks_on_wait_done"}
+    instead = "lock waits come from the futex collector"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
-        self.pid = pid
-        self.opts = opts
-        self._prog: KvsProgram | None = None
-        self._symbols: Any = None
+        super().__init__(pid, opts)
+        self._symbols = Symbolizer(pid)
         self._last = _Snapshot()
-        self._names: dict[int, str] = {}
-
-    def applies(self) -> str | None:
-        return not_applicable(self.pid, ["lock__wait__done"], "lock waits come from the futex collector")
-
-    def start(self) -> None:
-        from kvprof.collect.symbols import Symbolizer
-
-        self._symbols = Symbolizer(self.pid)
-        self._prog = KvsProgram(
-            self.pid,
-            "locks",
-            {"lock__wait__done": "on_wait_done"},
-            [f"-DSTACK_STORAGE={self.opts.stack_storage}", f"-DMAX_ENTRIES={self.opts.max_entries}"],
-        )
+        self._names = ThreadNames(pid)
 
     def _read(self) -> _Snapshot:
-        if self._prog is None:
+        if self.module is None:
             return self._last
         snap = _Snapshot()
-        stacks = self._prog.table("stacks")
-        for k, v in self._prog.table("waits").items():
-            row = LockRow(_cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
+        stacks = self.table("stacks")
+        for k, v in self.table("waits").items():
+            row = LockRow(cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
             snap.rows.append(row)
             if row.stack_id not in snap.frames:
                 snap.frames[row.stack_id] = self._symbols.stack(stacks, row.stack_id)
-            if row.tid not in self._names:
-                self._names[row.tid] = thread_name(self.pid, row.tid)
-        for k, n in self._prog.table("hist").items():
-            h = snap.hist.setdefault(_cstr(k.name), [0] * HIST_SLOTS)
+            self._names.first_seen(row.tid)
+        for k, n in self.table("hist").items():
+            h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n.value
-        counters = self._prog.table("counters")
-        for i, label in enumerate(_COUNTERS):
-            snap.counters[label] = int(counters[ctypes.c_int(i)].value)
+        snap.counters = array_counters(self.table("counters"), COUNTERS)
         self._last = snap
         return snap
 
@@ -117,7 +87,7 @@ class LocksCollector:
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.lock_wait_ns = ns
             if not info.name:
-                info.name = self._names.get(tid, "")
+                info.name = self._names.get(tid)
         for label, value in snap.counters.items():
             profile.status.counters[f"locks.{label}"] = value
         if snap.counters.get("map_full"):
@@ -128,15 +98,6 @@ class LocksCollector:
             profile.status.warnings.append(
                 f"locks: {snap.counters['stack_errors']} call-site stacks lost: raise --stack-storage"
             )
-
-    def close(self) -> None:
-        if self._prog is not None:
-            try:
-                self._read()  # keep what was counted: the maps go with the program
-            except Exception:  # a failed last read must not keep probes attached
-                pass
-            prog, self._prog = self._prog, None
-            prog.close()
 
 
 def aggregate(

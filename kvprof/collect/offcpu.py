@@ -13,11 +13,15 @@ that began with a preemption (the thread was still runnable) is counted in
 changed before the thread slept) is not a wait (`offcpu.futex_eagain`).
 
 Every off-CPU period is timed, so per-thread totals are exact; the stacks of
-only a random 1 in `--offcpu-sample` (default 64) of them are taken, and the
-stacks' ns are the sampled periods' ns times that factor (an unbiased
-estimate): walking two stacks cost 5-12 µs here (the kernel stack 2.5x the
-user stack), at every switch-out 10 % of a core under load.
+only a random 1 in `--offcpu-sample` (CollectOptions.offcpu_sample) of them
+are taken, and the stacks' ns are the sampled periods' ns times that factor
+(an unbiased estimate): walking two stacks at every switch-out costs the
+target too much (the figures are in docs/record.md).
 `status.sample_rates.offcpu_stacks` in the profile records the factor.
+
+BCC attaches the three tracepoint programs itself when it compiles the
+module; the program ignores them until the unwind tables are in, and
+close() detaches them.
 
 User stacks are walked in BPF from the modules' unwind tables
 (probes/unwind.h, kvprof/collect/unwind.py), so a wait inside a libc built
@@ -29,17 +33,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from bcc import BPF
-
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, unwind
-from kvprof.collect.oncpu import load_error, percpu_counters, warn
-from kvprof.collect.symbols import DataNames, Symbolizer, ThreadNames
+from kvprof.collect import CollectOptions
+from kvprof.collect.bpf import Module, Program, percpu_counters, warn
+from kvprof.collect.stacks import StackCollector
+from kvprof.collect.symbols import DataNames
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
-SOURCE = PROBES_DIR / "offcpu.bpf.c"
-# The order of `enum health` in probes/offcpu.bpf.c.
+# The order of `enum offcpu_health` in probes/offcpu.bpf.c.
 HEALTH = (
     "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits", "futex_eagain",
 )  # fmt: skip
@@ -56,23 +57,18 @@ class _Snapshot:
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
 
-class OffCpuCollector:
+class OffCpuCollector(StackCollector):
     name = "offcpu"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
-        self.pid = pid
-        self.opts = opts
-        self._bpf: Any = None
-        self._unwinder = unwind.Unwinder(pid)
-        self._symbols = Symbolizer(pid, self._unwinder)
-        self._ustacks: dict[int, tuple[list[int], str]] = {}  # what was read of `ustacks`
-        self._data = DataNames(pid, self._unwinder)
-        self._names = ThreadNames(pid)
+        super().__init__(pid, opts)
+        self._data = DataNames(pid, self.unwinder)
         self._last = _Snapshot()
 
     def applies(self) -> str | None:
-        if not Path(f"/proc/{self.pid}").is_dir():
-            return f"no process {self.pid}"
+        why = super().applies()
+        if why:
+            return why
         events = next((t / "events" for t in TRACEFS if (t / "events").is_dir()), None)
         if events is None:
             return "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
@@ -81,52 +77,40 @@ class OffCpuCollector:
             return f"the kernel has no tracepoint {', '.join(missing)}"
         return None
 
-    def cflags(self) -> list[str]:
-        return [
-            f"-DTARGET_TGID={self.pid}",
-            f"-DSTACK_STORAGE={self.opts.stack_storage}",
-            f"-DMAX_ENTRIES={self.opts.max_entries}",
-            f"-DSTACK_SAMPLE={self.opts.offcpu_sample}",
-            *unwind.cflags(self.opts.stack_storage),
-        ]
+    def program(self) -> Program:
+        return self.program_of([f"-DOFFCPU_STACK_SAMPLE={self.opts.offcpu_sample}"])
 
-    def start(self) -> None:
-        if self._bpf is not None:
+    def _attach(self, module: Module) -> None:
+        super()._attach(module)
+        self._data.unwinder = self.unwinder
+
+    def _detach(self) -> None:
+        bpf = self.module.bpf if self.module is not None else None
+        if bpf is None:
             return
-        why = self.applies()
-        if why:
-            raise CollectError(f"offcpu: {why}")
-        self._names.refresh()
-        self._symbols.warm()
-        try:
-            self._unwinder.prepare()
-            if self._unwinder.built and self.opts.progress is not None:
-                self.opts.progress(self._unwinder.built_line())
-        except OSError as e:
-            raise CollectError(f"offcpu: cannot read the target's mappings ({e.strerror})") from None
-        try:
-            # BCC attaches every TRACEPOINT_PROBE of the program while loading it;
-            # until the tables are in, stacks stop at their first frame ("outside known code").
-            self._bpf = BPF(text=unwind.with_unwinder(SOURCE).encode(), cflags=self.cflags())
-            self._unwinder.load(self._bpf)
-        except Exception as e:
-            self.close()
-            raise CollectError(f"offcpu: {load_error(SOURCE, e)}") from None
+        if b"sched_switch" in bpf.raw_tracepoint_fds:
+            bpf.detach_raw_tracepoint(b"sched_switch")
+        for tp in (b"syscalls:sys_enter_futex", b"syscalls:sys_exit_futex"):
+            if tp in bpf.tracepoint_fds:
+                bpf.detach_tracepoint(tp)
+
+    def _keep(self) -> None:
+        self._last = self._read()
 
     def _read(self) -> _Snapshot:
-        self._names.refresh()
-        bpf = self._bpf
-        stacks = bpf[b"stacks"]
-        ustacks = unwind.read_stacks(bpf[b"ustacks"], self._ustacks)
+        self.names.refresh()
+        assert self.module is not None
+        stacks = self.table("stacks")
+        ustacks = self.user_stacks()
         scale = max(1, self.opts.offcpu_sample)
         off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
-        for key, value in bpf[b"offcpu"].items():
+        for key, value in self.table("periods").items():
             user = self._user(ustacks, int(key.user_stack))
-            kernel = self._symbols.stack(stacks, key.kernel_stack, kernel=True)
+            kernel = self.symbols.stack(stacks, key.kernel_stack, kernel=True)
             off[(int(key.tid), tuple(user + kernel))] += int(value.value) * scale
-        per_thread = {int(k.value): int(v.total_ns) for k, v in bpf[b"threads"].items() if v.total_ns}
+        per_thread = {int(k.value): int(v.total_ns) for k, v in self.table("threads").items() if v.total_ns}
         futex: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for key, value in bpf[b"futex"].items():
+        for key, value in self.table("futex").items():
             frames = tuple(self._user(ustacks, int(key.user_stack)))
             slot = futex.setdefault((int(key.tid), int(key.uaddr), frames), [0, 0])
             slot[0] += int(value.waits)
@@ -144,17 +128,17 @@ class OffCpuCollector:
                 for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
             ],
             offcpu_ns=dict(per_thread),
-            names={tid: self._names.get(tid) for tid in tids},
-            health=percpu_counters(bpf[b"health"], HEALTH),
+            names={tid: self.names.get(tid) for tid in tids},
+            health=percpu_counters(self.table("health"), HEALTH),
         )
 
     def _user(self, ustacks: dict[int, tuple[list[int], str]], key: int) -> list[str]:
         ips, reason = ustacks.get(key, ([], "root"))
-        return self._symbols.unwound(ips, reason) if ips else []
+        return self.symbols.unwound(ips, reason) if ips else []
 
     def contribute(self, profile: Profile) -> None:
-        if self._bpf is not None:
-            self._unwinder.refresh(self._bpf)  # what was mapped since (the uprobe trampoline, dlopen)
+        if self.module is not None:
+            self.refresh()
             self._last = self._read()
         snap = self._last
         profile.offcpu.stacks = [OffCpuStack(s.tid, list(s.frames), s.ns) for s in snap.stacks]
@@ -177,15 +161,3 @@ class OffCpuCollector:
             warn(
                 profile, "offcpu: waits dropped, map full", counters["offcpu.map_full"], "raise --max-entries"
             )
-
-    def close(self) -> None:
-        bpf = self._bpf
-        if bpf is None:
-            return
-        try:
-            self._last = self._read()  # keep what was counted: the maps go with the program
-        except Exception:
-            pass
-        finally:
-            self._bpf = None
-            bpf.cleanup()

@@ -20,23 +20,28 @@ from __future__ import annotations
 import ctypes
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bcc import BPF
-
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
-from kvprof.collect.oncpu import attach_cpu_clock, load_error, percpu_counters, warn
-from kvprof.collect.symbols import ThreadNames
+from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.bpf import (
+    BpfCollector,
+    Module,
+    Program,
+    ThreadNames,
+    attach_cpu_clock,
+    close_perf_events,
+    percpu_counters,
+    source,
+    warn,
+)
 from kvprof.model.profile import AddressSample, Profile, SampledAddresses, ThreadInfo
 
 if TYPE_CHECKING:
     from kvprof.collect.decode import Process
 
-SOURCE = PROBES_DIR / "regsample.bpf.c"
 RING = 32768  # a power of two (the BPF program masks with RING - 1)
 MAX_THREADS = 4096
-HEALTH = ("samples", "threads_full")  # the order of `enum health`
+HEALTH = ("samples", "threads_full")  # the order of `enum regsample_health`
 _BATCH = 1024  # more new slots than this: one batch read of the whole ring
 
 
@@ -62,59 +67,48 @@ class _State:
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
 
-class RegsampleCollector:
+class RegsampleCollector(BpfCollector):
     name = "regsample"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
-        self.pid = pid
-        self.opts = opts
-        self._bpf: Any = None
+        super().__init__(pid, opts)
         self._process: Process | None = None
         self._names = ThreadNames(pid)
         self._next = 0  # sequence number of the next sample to read
         self._state = _State()
         self._symbols: dict[int, str] = {}
+        self._fds: list[int] = []
 
-    def applies(self) -> str | None:
-        if not Path(f"/proc/{self.pid}").is_dir():
-            return f"no process {self.pid}"
-        return None
-
-    def cflags(self) -> list[str]:
-        return [f"-DTARGET_TGID={self.pid}", f"-DRING={RING}", f"-DMAX_THREADS={MAX_THREADS}"]
-
-    def start(self) -> None:
-        if self._bpf is not None:
-            return
-        why = self.applies()
-        if why:
-            raise CollectError(f"regsample: {why}")
+    def program(self) -> Program:
         try:  # capstone and pyelftools come from Debian, like BCC
             from kvprof.collect.decode import Process
         except ImportError as e:
             raise CollectError(
                 f"regsample: {e}: run scripts/provision.sh (python3-capstone, python3-pyelftools)"
             ) from None
-        self._names.refresh()
         self._process = Process(self.pid)
-        try:
-            self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
-        except Exception as e:
-            raise CollectError(f"regsample: {load_error(SOURCE, e)}") from None
-        try:
-            attach_cpu_clock(self._bpf, self.opts.hz, "regsample")
-        except BaseException:
-            self.close()
-            raise
+        text = source(self.name).read_text()
+        return Program(self.name, text, [f"-DREGSAMPLE_RING={RING}", f"-DREGSAMPLE_THREADS={MAX_THREADS}"])
+
+    def _attach(self, module: Module) -> None:
+        if self._process is None:
+            self.program()
+        self._names.refresh()
+        self._fds = attach_cpu_clock(module.bpf, "regsample_on_sample", self.opts.hz, self.name)
+
+    def _detach(self) -> None:
+        close_perf_events(self._fds)
+
+    def _keep(self) -> None:
+        self._read()
 
     def _new_samples(self) -> list[_Raw]:
         """Ring slots written since the last read, oldest first; counts the overwritten."""
-        bpf = self._bpf
-        end = int(bpf[b"seq"][ctypes.c_int(0)].value)
+        end = int(self.table("seq")[ctypes.c_int(0)].value)
         if end - self._next > RING:
             self._state.lost += end - self._next - RING
             self._next = end - RING
-        ring = bpf[b"ring"]
+        ring = self.table("ring")
         if end - self._next > _BATCH:
             slots = {int(getattr(k, "value", k)): v for k, v in ring.items_lookup_batch()}
         else:
@@ -134,7 +128,7 @@ class RegsampleCollector:
         return out
 
     def _read(self) -> None:
-        if self._bpf is None or self._process is None:
+        if self.module is None or self._process is None:
             return
         self._names.refresh()
         st = self._state
@@ -162,10 +156,10 @@ class RegsampleCollector:
                     symbol,
                     a.width,
                 )
-        threads = {int(k.value): (int(v.user), int(v.kernel)) for k, v in self._bpf[b"threads"].items()}
+        threads = {int(k.value): (int(v.user), int(v.kernel)) for k, v in self.table("threads").items()}
         st.threads = {tid: u + k for tid, (u, k) in threads.items()}
         st.kernel = sum(k for _, k in threads.values())
-        st.health = percpu_counters(self._bpf[b"health"], HEALTH)
+        st.health = percpu_counters(self.table("health"), HEALTH)
 
     def contribute(self, profile: Profile) -> None:
         self._read()
@@ -197,15 +191,3 @@ class RegsampleCollector:
         if st.health["threads_full"]:
             warn(profile, "regsample: threads not counted", st.health["threads_full"],
                  f"more than {MAX_THREADS} threads")  # fmt: skip
-
-    def close(self) -> None:
-        bpf = self._bpf
-        if bpf is None:
-            return
-        try:
-            self._read()  # keep what was counted: the maps go with the program
-        except Exception:
-            pass
-        finally:
-            self._bpf = None
-            bpf.cleanup()

@@ -10,15 +10,16 @@ key of a multi-get is one request. p50/p99 are read off the log2 histogram
 
 from __future__ import annotations
 
-import ctypes
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from kvprof.collect import PROBES_DIR, CollectOptions
-from kvprof.collect.usdt import KvsProgram, hist_percentile, not_applicable, probe_sample
+from kvprof.collect import HIST_SLOTS, PROBES_DIR, CollectOptions
+from kvprof.collect.bpf import KvsCollector, array_counters
+from kvprof.collect.usdt import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
 
-HIST_SLOTS = 64
+COUNTERS = ("events", "map_full")  # the order of enum requests_counter
 
 
 def opcode_names() -> dict[int, str]:
@@ -35,35 +36,23 @@ class _Snapshot:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-class RequestsCollector:
+class RequestsCollector(KvsCollector):
     name = "requests"
+    probes: ClassVar[dict[str, str]] = {"cmd__done": "requests_on_done"}
+    instead = "per-opcode latency needs the server's own cmd__done probe"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
-        self.pid = pid
-        self.opts = opts
-        self._prog: KvsProgram | None = None
+        super().__init__(pid, opts)
         self._last = _Snapshot()
         self._opcodes = opcode_names()
-        self._rate = 0
-
-    def applies(self) -> str | None:
-        return not_applicable(
-            self.pid, ["cmd__done"], "per-opcode latency needs the server's own cmd__done probe"
-        )
-
-    def start(self) -> None:
-        self._rate = probe_sample(self.pid)
-        self._prog = KvsProgram(self.pid, "requests", {"cmd__done": "on_done"}, [])
 
     def _read(self) -> _Snapshot:
-        if self._prog is None:
+        if self.module is None:
             return self._last
         snap = _Snapshot()
-        for k, n in self._prog.table("hist").items():
+        for k, n in self.table("hist").items():
             snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n.value
-        counters = self._prog.table("counters")
-        for i, label in enumerate(("events", "map_full")):
-            snap.counters[label] = int(counters[ctypes.c_int(i)].value)
+        snap.counters = array_counters(self.table("counters"), COUNTERS)
         self._last = snap
         return snap
 
@@ -81,12 +70,3 @@ class RequestsCollector:
             profile.status.sample_rates["cmd__done"] = self._rate
         for label, value in snap.counters.items():
             profile.status.counters[f"requests.{label}"] = value
-
-    def close(self) -> None:
-        if self._prog is not None:
-            try:
-                self._read()  # keep what was counted: the maps go with the program
-            except Exception:  # a failed last read must not keep probes attached
-                pass
-            prog, self._prog = self._prog, None
-            prog.close()

@@ -5,6 +5,13 @@
             ...            # a cumulative Profile every interval
         profile = s.snapshot()
 
+start() compiles the programs of all the BPF collectors as one BCC module
+(one clang run; a module that does not compile is compiled again per
+collector, so one broken program fails only its collector), then attaches
+each; `start(on_state=...)` hears every collector's state as it changes.
+extend() attaches more to a started session the same way. The contract the
+collectors follow is in kvprof/collect/__init__.py.
+
 The session owns the collectors' lifetimes: every one that started is
 closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`), on
 SIGTERM (turned into KeyboardInterrupt while a session is open) and when the
@@ -21,13 +28,16 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprof.collect import CollectError, CollectOptions
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
+
+if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
+    from kvprof.collect.bpf import Module, Program
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
 
@@ -98,13 +108,22 @@ class Session:
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
         self._old_term: Any = None
+        self._modules: list[Module] = []  # the compiled BCC modules the active collectors attached to
         # add() may attach a collector from one thread while another reads snapshots
         self._lock = threading.Lock()
+        # held while start() or add() compiles and attaches: close() from another
+        # thread waits for the step under way, so nothing stays attached
+        self._attaching = threading.RLock()
         self._closed = False
 
     # ---- lifetime ------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, on_state: Callable[[str, str], None] | None = None) -> None:
+        """Attach the collectors: the programs of every BPF collector compiled as one
+        module, then each attached in turn. `on_state(name, state)` hears each
+        collector's state as it changes ("compiling", "attaching", "ok",
+        "not applicable: ...", "failed: ..."), from this thread. A close() from
+        another thread meanwhile ends start() early, with nothing attached."""
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
@@ -113,33 +132,20 @@ class Session:
             # elsewhere (the TUI, from a worker) handles SIGTERM itself and calls close()
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         try:
-            for name in self.names:
-                try:
-                    collector = _collector_class(name)(self.pid, self.opts)
-                except CollectError as e:
-                    self.status.collectors[name] = f"failed: {e}"
-                    continue
-                reason = collector.applies()
-                if reason is not None:
-                    self.status.collectors[name] = f"not applicable: {reason}"
-                    continue
-                try:
-                    collector.start()
-                except CollectError as e:
-                    collector.close()
-                    self.status.collectors[name] = f"failed: {e}"
-                    continue
-                self.active.append(collector)
-                self.status.collectors[name] = "ok"
+            self._attach(self.names, on_state)
         except BaseException:
             self.close()
             raise
+        with self._lock:
+            if self._closed:
+                return
+            order = {n: i for i, n in enumerate(self.names)}
+            self.status.collectors = dict(sorted(self.status.collectors.items(), key=lambda kv: order[kv[0]]))
         if not self.active:
             self.close()
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
-        # The window starts once everything is attached (compiling a BPF
-        # program takes a second or more each): what the first collectors
+        # The window starts once everything is attached: what the first collectors
         # counted meanwhile is subtracted from every snapshot, so all of them
         # cover the same window, and `record` reads the target's own stats
         # at this point for the ground truth.
@@ -150,52 +156,137 @@ class Session:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    def add(self, name: str) -> str:
-        """Attach one more collector to a started session; returns its state ("ok", or
-        why not, as in status.collectors). A live view uses it to show the first
-        collectors' numbers while slower ones still compile; may run in another thread
-        than snapshot(). The new collector's counts fall inside the window but cover
-        only the part since it attached."""
-        if name not in ALL_COLLECTORS:
-            raise CollectError(f"unknown collector {name!r}: choose from {', '.join(ALL_COLLECTORS)}")
-        try:
-            collector = _collector_class(name)(self.pid, self.opts)
-        except CollectError as e:
-            with self._lock:
-                self.status.collectors[name] = f"failed: {e}"
-            return f"failed: {e}"
-        reason = collector.applies()
-        if reason is not None:
-            state = f"not applicable: {reason}"
-        else:
-            try:
-                collector.start()
-                state = "ok"
-            except CollectError as e:
-                collector.close()
-                state = f"failed: {e}"
+    def _state(self, name: str, state: str, on_state: Callable[[str, str], None] | None) -> None:
         with self._lock:
-            if state == "ok" and self._closed:
-                collector.close()  # closed while it compiled: nothing may stay attached
-                state = "closed"
-            elif state == "ok":
-                self.active.append(collector)
-                if name not in self.names:
-                    self.names.append(name)
             self.status.collectors[name] = state
-        return state
+        if on_state is not None:
+            on_state(name, state)
+
+    def _attach(self, names: list[str], on_state: Callable[[str, str], None] | None) -> None:
+        """Make, compile and attach the collectors `names`; each one's state goes to
+        status.collectors. Stops at the first step that finds the session closed."""
+        with self._attaching:
+            made: list[Any] = []
+            for name in names:
+                try:
+                    collector = _collector_class(name)(self.pid, self.opts)
+                except CollectError as e:
+                    self._state(name, f"failed: {e}", on_state)
+                    continue
+                reason = collector.applies()
+                if reason is not None:
+                    self._state(name, f"not applicable: {reason}", on_state)
+                    continue
+                made.append(collector)
+            with_bpf = [c for c in made if hasattr(c, "program")]
+            for module, collectors in self._compile(with_bpf, on_state):
+                for collector in collectors:
+                    self._attach_one(collector, lambda c, m=module: c.attach(m), on_state)
+            for collector in made:
+                if collector not in with_bpf:
+                    self._attach_one(collector, lambda c: c.start(), on_state)
+
+    def _compile(
+        self, collectors: list[Any], on_state: Callable[[str, str], None] | None
+    ) -> list[tuple[Module, list[Any]]]:
+        """The modules to attach `collectors` to: one for all of them, or, when that
+        does not compile, one per collector (the one that fails is reported)."""
+        programs: list[tuple[Any, Program]] = []
+        for c in collectors:
+            if self._closed:
+                return []
+            try:
+                programs.append((c, c.program()))
+            except CollectError as e:
+                self._state(c.name, f"failed: {e}", on_state)
+        for c, _ in programs:
+            self._state(c.name, "compiling", on_state)
+        groups = [programs] if programs else []
+        try:
+            if programs:
+                return self._keep_module([c for c, _ in programs], [p for _, p in programs])
+        except CollectError as e:
+            if len(programs) == 1:
+                self._state(programs[0][0].name, f"failed: {e}", on_state)
+                return []
+            groups = [[one] for one in programs]  # find the one that breaks the module
+        out = []
+        for group in groups:
+            try:
+                out += self._keep_module([c for c, _ in group], [p for _, p in group])
+            except CollectError as e:
+                self._state(group[0][0].name, f"failed: {e}", on_state)
+        return out
+
+    def _keep_module(self, collectors: list[Any], programs: list[Program]) -> list[tuple[Module, list[Any]]]:
+        from kvprof.collect.bpf import Module
+
+        if self._closed:
+            return []
+        module = Module(self.pid, programs, self.opts)
+        self._modules.append(module)
+        return [(module, collectors)]
+
+    def _attach_one(
+        self, collector: Any, attach: Callable[[Any], None], on_state: Callable[[str, str], None] | None
+    ) -> None:
+        if self._closed:
+            return
+        self._state(collector.name, "attaching", on_state)
+        try:
+            attach(collector)
+        except CollectError as e:
+            collector.close()
+            self._state(collector.name, f"failed: {e}", on_state)
+            return
+        with self._lock:
+            self.active.append(collector)
+            if collector.name not in self.names:
+                self.names.append(collector.name)
+        self._state(collector.name, "ok", on_state)
+
+    def add(self, name: str, on_state: Callable[[str, str], None] | None = None) -> str:
+        """Attach one more collector to a started session; returns its state, as
+        extend() does."""
+        return self.extend([name], on_state)[name]
+
+    def extend(self, names: list[str], on_state: Callable[[str, str], None] | None = None) -> dict[str, str]:
+        """Attach more collectors to a started session, their BPF programs compiled
+        as one module; returns each one's state ("ok", or why not, as in
+        status.collectors; "closed" when the session was closed meanwhile). A live
+        view starts the session with the collectors that compile fastest and
+        extends it with the rest, to show the first numbers sooner; may run in
+        another thread than snapshot(). The new collectors' counts fall inside the
+        window but cover only the part since they attached."""
+        unknown = [n for n in names if n not in ALL_COLLECTORS]
+        if unknown:
+            raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
+        try:
+            self._attach(list(names), on_state)
+        except BaseException:
+            self.close()
+            raise
+        with self._lock:
+            if self._closed:
+                for name in names:
+                    self.status.collectors[name] = "closed"
+            return {name: self.status.collectors[name] for name in names}
 
     def close(self) -> None:
-        """Detach every collector; safe to call twice, and from error paths."""
+        """Detach every collector; safe to call twice, from error paths, and from
+        another thread while start() or add() attaches (it waits for the step under way)."""
         with self._lock:
             self._closed = True
-        while self.active:
-            collector = self.active.pop()
-            try:
-                collector.close()
-            except Exception as e:  # one collector's failure must not leave the others attached
-                self.status.warnings.append(f"{collector.name}: close failed: {e}")
-        if self._old_term is not None:
+        with self._attaching:
+            while self.active:
+                collector = self.active.pop()
+                try:
+                    collector.close()
+                except Exception as e:  # one collector's failure must not leave the others attached
+                    self.status.warnings.append(f"{collector.name}: close failed: {e}")
+            while self._modules:
+                self._modules.pop().cleanup()
+        if self._old_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
 

@@ -211,27 +211,3 @@ def stack_looks_truncated(frames: list[str]) -> bool:
     if not frames:
         return True
     return len(frames) <= 2 or frames[0].startswith(("0x", "[unknown]", "[truncated]")) or "+0x" in frames[0]
-
-
-class ThreadNames:
-    """Thread names (`/proc/PID/task/TID/comm`) read while the target runs and
-    kept once it is gone; names it never saw come from `fallback`."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._names: dict[int, str] = {}
-
-    def refresh(self) -> None:
-        task = Path(f"/proc/{self.pid}/task")
-        try:
-            tids = [int(t.name) for t in task.iterdir()]
-        except OSError:  # the process is gone
-            return
-        for tid in tids:
-            try:
-                self._names[tid] = (task / str(tid) / "comm").read_text().rstrip("\n")
-            except OSError:  # the thread exited meanwhile
-                pass
-
-    def get(self, tid: int, fallback: str = "") -> str:
-        return self._names.get(tid) or fallback

@@ -35,6 +35,8 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from kvprof.collect import PROBES_DIR, CollectError
+
 # The order of enum unw_kind and enum unw_reason in probes/unwind.h.
 ROW_KINDS = ("none", "rsp", "rbp", "end", "plt")
 STOP_REASONS = (
@@ -61,26 +63,47 @@ PAGE_NO_TABLE = 2
 ROW = struct.Struct("<IBBhi")  # struct unw_row
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvprof" / "unwind"
 CACHE_BYTES = 256 << 20
-UNWIND_H = Path(__file__).resolve().parent.parent.parent / "probes" / "unwind.h"
+UNWIND_H = PROBES_DIR / "unwind.h"
 
 _FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=([0-9a-f]+) pc=([0-9a-f]+)\.\.([0-9a-f]+)")
 _CIE = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ CIE")
 
 
 def cflags(stacks: int) -> list[str]:
-    """The bounds of probes/unwind.h; `stacks`: entries of its stack map."""
+    """The bounds of probes/unwind.h; `stacks`: stack ids per collector (oncpu and
+    offcpu share its `ustacks` in one module, so it holds twice that)."""
     return [
         f"-DUNWIND_ROWS={UNWIND_ROWS}",
         f"-DUNWIND_PAGES={UNWIND_PAGES}",
         f"-DUNWIND_FRAMES={UNWIND_FRAMES}",
-        f"-DUNWIND_STACKS={stacks}",
+        f"-DUNWIND_STACKS={2 * stacks}",
     ]
 
 
-def with_unwinder(source: Path) -> str:
-    """A probes/*.bpf.c program's text with unwind.h pasted in where it is
-    included: BCC rewrites map accesses in the main file only."""
-    return source.read_text().replace('#include "unwind.h"', UNWIND_H.read_text())
+def with_unwinder(name: str) -> str:
+    """probes/<name>.bpf.c with unwind.h pasted in where it is included: BCC
+    rewrites map accesses in the main file only (unwind.h's include guard keeps
+    the second program of a module from declaring its maps again)."""
+    return (PROBES_DIR / f"{name}.bpf.c").read_text().replace('#include "unwind.h"', UNWIND_H.read_text())
+
+
+def shared(module: Any, mine: Unwinder, progress: Any, who: str) -> Unwinder:
+    """The one Unwinder of a kvprof.collect.bpf.Module (the first collector's
+    `mine`: the programs of a module share its unw_* maps), its tables built or
+    read from the cache and pushed; `progress` hears when tables were built."""
+    unwinder: Unwinder = module.shared.setdefault("unwinder", mine)
+    built = len(unwinder.built)
+    try:
+        unwinder.prepare()
+    except OSError as e:
+        raise CollectError(f"{who}: cannot read the target's mappings ({e.strerror})") from None
+    if len(unwinder.built) > built and progress is not None:
+        progress(unwinder.built_line())
+    try:
+        unwinder.load(module.bpf)
+    except Exception as e:
+        raise CollectError(f"{who}: cannot push the unwind tables ({e})") from None
+    return unwinder
 
 
 # ---- building a module's rows ------------------------------------------------

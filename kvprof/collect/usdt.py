@@ -20,7 +20,7 @@ when it is made for a file, so it is made for a private copy of the
 executable whose notes name no semaphore: it generates the same code and
 never touches the target.
 
-bcc is imported only when a program is loaded, so `kvs_probes()` and
+bcc is imported only when a program is attached, so `kvs_probes()` and
 `not_applicable()` work without it.
 """
 
@@ -37,11 +37,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvprof.collect import PROBES_DIR, CollectError
+from kvprof.collect import PROBE_SAMPLE, PROBES_DIR, CollectError
 from kvprof.collect.elf import ElfFile, ProbesError, UsdtProbe, read_probes
 
 PROVIDER = "kvs"
-DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample
 
 _NOTE = re.compile(r"Provider: (\S+)\s+Name: (\S+)")
 
@@ -54,16 +53,27 @@ def exe_of(pid: int) -> str:
         return ""
 
 
+_KVS_PROBES: dict[tuple[int, int, int, int], list[str]] = {}  # (pid, dev, inode, mtime) -> names
+
+
 def kvs_probes(pid: int) -> list[str]:
     """Names of the `kvs` provider's probes in the target's executable (from
-    `readelf -n`, which reads the stapsdt notes BCC itself uses)."""
+    `readelf -n`, which reads the stapsdt notes BCC itself uses); read once per
+    process and executable (a session asks for every kvs collector)."""
     try:
-        out = subprocess.run(
-            ["readelf", "-n", f"/proc/{pid}/exe"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        st = os.stat(f"/proc/{pid}/exe")
+    except OSError:
         return []
-    return sorted({name for provider, name in _NOTE.findall(out) if provider == PROVIDER})
+    key = (pid, st.st_dev, st.st_ino, st.st_mtime_ns)
+    if key not in _KVS_PROBES:
+        try:
+            out = subprocess.run(
+                ["readelf", "-n", f"/proc/{pid}/exe"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        _KVS_PROBES[key] = sorted({name for provider, name in _NOTE.findall(out) if provider == PROVIDER})
+    return list(_KVS_PROBES[key])
 
 
 def has_kvs_probes(pid: int) -> bool:
@@ -92,7 +102,7 @@ def probe_sample(pid: int) -> int:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return DEFAULT_PROBE_SAMPLE
+        return PROBE_SAMPLE
     args = [a.decode(errors="replace") for a in argv]
     for i, arg in enumerate(args):
         value = None
@@ -105,7 +115,7 @@ def probe_sample(pid: int) -> int:
                 return max(int(value), 1)
             except ValueError:
                 break
-    return DEFAULT_PROBE_SAMPLE
+    return PROBE_SAMPLE
 
 
 def program_text(name: str) -> str:
@@ -256,50 +266,45 @@ def readarg_code(elf: ElfFile, sites: list[UsdtProbe], probes: dict[str, str]) -
 
 
 class KvsProgram:
-    """One BPF program attached to `kvs` probes of one process.
+    """One collector's program on `kvs` probes of one process.
 
-    `probes` maps probe name -> C function. Maps are read with `table(name)`;
-    `close()` closes the uprobes (the kernel lowers the semaphores) and frees
-    the program; it is idempotent and tolerates a target that died.
+    `probes` maps probe name -> C function. `text` is the program (the code that
+    reads the probe arguments, then probes/<name>.bpf.c) for a module
+    (kvprof.collect.bpf); attach(bpf) attaches its functions to every site once
+    the module is compiled; close() closes the uprobes (the kernel lowers the
+    semaphores) and is idempotent, also for a target that died.
     """
 
-    def __init__(self, pid: int, name: str, probes: dict[str, str], cflags: list[str]) -> None:
+    def __init__(self, pid: int, name: str, probes: dict[str, str]) -> None:
         self.pid = pid
         self.name = name
-        self.bpf: Any = None
+        self.probes = probes
         self._fds: list[int] = []
         try:
-            from bcc import BPF
-        except ImportError as e:
-            raise CollectError(f"BCC is not importable ({e}): run scripts/provision.sh") from None
-        try:
-            elf = ElfFile(f"/proc/{pid}/exe")  # the image that runs, even if its file was replaced
-            sites = _sites(elf, probes, pid)
-            text = readarg_code(elf, sites, probes) + program_text(name)
-            self.bpf = BPF(text=text.encode(), cflags=[f"-DTARGET_PID={pid}", *cflags])
-            for site in sites:
-                prog = self.bpf.load_func(probes[site.name].encode(), BPF.KPROBE)
-                self._fds.append(attach_site(prog.fd, elf, site, pid))
+            self._elf = ElfFile(f"/proc/{pid}/exe")  # the image that runs, even if its file was replaced
+            self._sites = _sites(self._elf, probes, pid)
+            self.text = readarg_code(self._elf, self._sites, probes) + program_text(name)
         except (CollectError, ProbesError) as e:
-            self.close()
             raise CollectError(f"cannot attach {name} to the kvs probes of PID {pid}: {e}") from None
-        except Exception as e:
-            self.close()
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CollectError(f"cannot attach {name} to the kvs probes of PID {pid}: {first}") from None
 
-    def table(self, name: str) -> Any:
-        return self.bpf[name.encode()]
+    def attach(self, bpf: Any) -> None:
+        from bcc import BPF
+
+        try:
+            for site in self._sites:
+                prog = bpf.load_func(self.probes[site.name].encode(), BPF.KPROBE)
+                self._fds.append(attach_site(prog.fd, self._elf, site, self.pid))
+        except Exception as e:  # CollectError, ProbesError, BCC's load failure
+            self.close()
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CollectError(
+                f"cannot attach {self.name} to the kvs probes of PID {self.pid}: {why}"
+            ) from None
 
     def close(self) -> None:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)  # the kernel removes the uprobe and lowers its semaphore
-        if self.bpf is not None:
-            try:
-                self.bpf.cleanup()
-            finally:
-                self.bpf = None
 
 
 def log2_slot(value: int) -> int:

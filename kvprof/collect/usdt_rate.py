@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvprof.collect import PROBES_DIR, CollectError
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
 
 SOURCE = PROBES_DIR / "usdt_rate.bpf.c"
-MAX_PROBES = 64  # as in usdt_rate.bpf.c
+MAX_PROBES = 64  # handlers written in usdt_rate.bpf.c
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ def count_hits(pid: int, probes: list[tuple[str, str]], duration: float) -> Rate
     fds: list[int] = []
     try:
         try:
-            bpf = BPF(src_file=str(SOURCE).encode(), cflags=[f"-DTARGET_PID={pid}"])
+            flags = [*CollectOptions().cflags(pid), f"-DUSDT_RATE_PROBES={MAX_PROBES}"]
+            bpf = BPF(src_file=str(SOURCE).encode(), cflags=flags)
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CollectError(f"cannot attach to PID {pid}: {first} (try `kvprof doctor`)") from None

@@ -1,0 +1,295 @@
+"""BCC for the BPF collectors: one compiled module for the programs of several
+collectors, the base class of a BPF collector, and what they share.
+
+A session compiles the programs of all its BPF collectors as one Module (one
+clang run; each compile also pays BCC's own set-up, see docs/record.md), and
+each collector then attaches its part of it (`BpfCollector.attach`). A
+collector started alone (`start()`) compiles a module for itself. The
+contract is in kvprof/collect/__init__.py.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bcc import BPF, PerfSWConfig, PerfType
+from bcc.libbcc import lib
+from bcc.utils import get_online_cpus
+
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
+from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
+from kvprof.model.profile import Profile
+
+
+@dataclass
+class Program:
+    """One collector's part of a module: C text (probes/<name>.bpf.c, with what it
+    needs pasted in) and the -D flags it adds to CollectOptions.cflags()."""
+
+    name: str
+    text: str
+    cflags: list[str] = field(default_factory=list)
+
+
+def source(name: str) -> Path:
+    return PROBES_DIR / f"{name}.bpf.c"
+
+
+def first_line(e: BaseException, said: str = "") -> str:
+    """The line that says what went wrong: clang's first error in what it `said`,
+    else the last line of BCC's exception."""
+    for line in said.splitlines():
+        if "error: " in line:
+            return line.split("error: ", 1)[1].strip()
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def compile_kept(text: str, cflags: list[str]) -> Any:
+    """BPF(text=...), with what clang writes to fd 2 kept aside: on failure its
+    first error becomes the CollectError (one line, and nothing on a TUI's
+    screen); on success it is written to fd 2 as it would have been."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as said:
+        os.dup2(said.fileno(), 2)
+        try:
+            bpf = BPF(text=text.encode(), cflags=cflags)
+        except Exception as e:
+            os.dup2(saved, 2)
+            said.seek(0)
+            raise CollectError(first_line(e, said.read().decode(errors="replace"))) from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        said.seek(0)
+        warnings = said.read()
+    if warnings:
+        os.write(2, warnings)
+    return bpf
+
+
+class Module:
+    """One BCC module holding the programs of one or more collectors for one PID.
+    `shared` holds what the collectors of one module share (the unwinder of the
+    unwind tables in probes/unwind.h). cleanup() detaches what BCC attached
+    itself (tracepoint programs) and frees programs and maps; idempotent."""
+
+    def __init__(self, pid: int, programs: list[Program], opts: CollectOptions) -> None:
+        self.pid = pid
+        self.names = [p.name for p in programs]
+        self.shared: dict[str, Any] = {}
+        flags = list(opts.cflags(pid))
+        for p in programs:
+            flags += [f for f in p.cflags if f not in flags]
+        try:
+            self.bpf: Any = compile_kept("\n".join(p.text for p in programs), flags)
+        except CollectError as e:
+            raise CollectError(f"cannot compile {' + '.join(self.names)}: {e}") from None
+
+    def table(self, name: str) -> Any:
+        return self.bpf[name.encode()]
+
+    def cleanup(self) -> None:
+        bpf, self.bpf = self.bpf, None
+        if bpf is not None:
+            bpf.cleanup()
+
+
+class BpfCollector:
+    """What every BPF collector does the same way; a subclass gives `name`,
+    program(), _attach(module) (attach; own every fd it opens), _keep() (read
+    the maps one last time, so what was counted outlives them) and _detach()."""
+
+    name = ""
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid = pid
+        self.opts = opts
+        self.module: Module | None = None
+        self._own: Module | None = None  # compiled by start() for this collector alone
+
+    def applies(self) -> str | None:
+        if not Path(f"/proc/{self.pid}").is_dir():
+            return f"no process {self.pid}"
+        return None
+
+    def program(self) -> Program:
+        raise NotImplementedError
+
+    def _attach(self, module: Module) -> None:
+        raise NotImplementedError
+
+    def _keep(self) -> None:
+        raise NotImplementedError
+
+    def _detach(self) -> None:
+        raise NotImplementedError
+
+    def table(self, name: str) -> Any:
+        """This collector's map `<name>_<map>` in its module."""
+        assert self.module is not None
+        return self.module.table(f"{self.name}_{name}")
+
+    def attach(self, module: Module) -> None:
+        if self.module is not None:
+            return
+        self.module = module
+        try:
+            self._attach(module)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, Exception) and not isinstance(e, CollectError):
+                raise CollectError(f"{self.name}: cannot attach ({first_line(e)})") from None
+            raise
+
+    def start(self) -> None:
+        if self.module is not None:
+            return
+        why = self.applies()
+        if why:
+            raise CollectError(f"{self.name}: {why}")
+        module = Module(self.pid, [self.program()], self.opts)
+        self._own = module
+        try:
+            self.attach(module)
+        finally:
+            if self.module is None:  # attach failed and closed: the module goes too
+                self._own = None
+                module.cleanup()
+
+    def close(self) -> None:
+        if self.module is None:
+            return
+        try:
+            self._keep()  # the maps go with the module
+        except Exception:  # a failed last read must not keep anything attached
+            pass
+        try:
+            self._detach()
+        finally:
+            self.module = None
+            own, self._own = self._own, None
+            if own is not None:
+                own.cleanup()
+
+
+class KvsCollector(BpfCollector):
+    """A BPF collector on kvcached's own `kvs` probes: `probes` maps each probe to
+    the C function of probes/<name>.bpf.c run at it."""
+
+    probes: ClassVar[dict[str, str]] = {}
+    instead = ""  # what covers for it on a target without these probes
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        super().__init__(pid, opts)
+        self._kvs: KvsProgram | None = None
+        self._rate = 0  # the target's --probe-sample
+
+    def applies(self) -> str | None:
+        return not_applicable(self.pid, list(self.probes), self.instead)
+
+    def cflags(self) -> list[str]:
+        return []
+
+    def program(self) -> Program:
+        self._kvs = KvsProgram(self.pid, self.name, self.probes)
+        return Program(self.name, self._kvs.text, self.cflags())
+
+    def _attach(self, module: Module) -> None:
+        if self._kvs is None:
+            self.program()
+        assert self._kvs is not None
+        self._rate = probe_sample(self.pid)
+        self._kvs.attach(module.bpf)
+
+    def _detach(self) -> None:
+        if self._kvs is not None:
+            self._kvs.close()
+
+    def _keep(self) -> None:
+        self._read()
+
+    def _read(self) -> Any:
+        raise NotImplementedError
+
+
+def attach_cpu_clock(bpf: Any, fn_name: str, hz: int, who: str) -> list[int]:
+    """Attach `fn_name` to a cpu-clock event at `hz` on every online CPU, each
+    counting every task (as BCC's `profile` does); returns the events' fds,
+    which the caller closes (close_perf_events): BCC keeps one set of events per
+    event type in a module, and oncpu and regsample both use this one."""
+    prog = bpf.load_func(fn_name.encode(), BPF.PERF_EVENT)
+    fds: list[int] = []
+    for cpu in get_online_cpus():
+        fd = lib.bpf_attach_perf_event(prog.fd, PerfType.SOFTWARE, PerfSWConfig.CPU_CLOCK, 0, hz, -1, cpu, -1)
+        if fd < 0:
+            close_perf_events(fds)
+            raise CollectError(
+                f"{who}: cannot open cpu-clock perf events; run as root, "
+                "or lower /proc/sys/kernel/perf_event_paranoid"
+            )
+        fds.append(fd)
+    return fds
+
+
+def close_perf_events(fds: list[int]) -> None:
+    while fds:
+        lib.bpf_close_perf_event_fd(fds.pop())
+
+
+def percpu_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
+    """A BPF_PERCPU_ARRAY of u64 counters, summed over CPUs, by name."""
+    return {name: int(table.sum(table.Key(i)).value) for i, name in enumerate(names)}
+
+
+def array_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
+    """A BPF_ARRAY of u64 counters, by name."""
+    return {name: int(table[table.Key(i)].value) for i, name in enumerate(names)}
+
+
+def cstr(raw: Any) -> str:
+    """A fixed-size C char array of a map key, as text."""
+    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def warn(profile: Profile, what: str, n: int, fix: str) -> None:
+    """`what: n (fix)` in the profile's warnings, replacing an earlier count of the same thing."""
+    kept = [w for w in profile.status.warnings if not w.startswith(f"{what}: ")]
+    profile.status.warnings = [*kept, f"{what}: {n} ({fix})"]
+
+
+class ThreadNames:
+    """Thread names (`/proc/PID/task/TID/comm`) read while the target runs and
+    kept once it is gone; names it never saw come from `fallback`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._names: dict[int, str] = {}
+
+    def refresh(self) -> None:
+        task = Path(f"/proc/{self.pid}/task")
+        try:
+            tids = [int(t.name) for t in task.iterdir()]
+        except OSError:  # the process is gone
+            return
+        for tid in tids:
+            try:
+                self._names[tid] = (task / str(tid) / "comm").read_text().rstrip("\n")
+            except OSError:  # the thread exited meanwhile
+                pass
+
+    def get(self, tid: int, fallback: str = "") -> str:
+        return self._names.get(tid) or fallback
+
+    def first_seen(self, tid: int) -> str:
+        """The name of one thread, read the first time it is asked for ("" once it is gone)."""
+        if tid not in self._names:
+            try:
+                self._names[tid] = Path(f"/proc/{self.pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                self._names[tid] = ""
+        return self._names[tid]

@@ -1,0 +1,138 @@
+"""Session.start(): every BPF collector compiled as one module, each state
+reported, and nothing left attached when attaching is cut short: close()
+from another thread, Ctrl-C (KeyboardInterrupt) in the attaching thread, a
+collector whose program does not compile.
+
+"Nothing attached" is checked on our own side and the target's: no BPF or
+perf-event fd of this process beyond those held before, every BPF program
+we loaded unloaded, nothing of ours in uprobe_events, and every kvs
+semaphore of the target back to 0 (read from /proc/PID/mem).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from test_collect_cpu import our_bpf_fds, prog_ids, prog_loaded
+from test_probes import assert_detached
+
+from kvprof.collect import CollectOptions
+from kvprof.collect.session import ALL_COLLECTORS, Session
+from kvprof.system.servers import Server
+
+pytestmark = pytest.mark.bpf
+
+
+def assert_nothing_ours(server: Server, before: dict[int, str], loaded: set[int]) -> None:
+    left = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
+    assert not left, f"fds still open: {left}"
+    assert not [i for i in loaded if prog_loaded(i)], "BPF programs still loaded"
+    assert_detached(server)
+
+
+def loaded_now(before: dict[int, str]) -> set[int]:
+    return prog_ids({fd: k for fd, k in our_bpf_fds().items() if fd not in before})
+
+
+def test_states_in_order_and_one_module(kvcached_factory: Callable[..., Server]) -> None:
+    """Each collector goes compiling -> attaching -> ok; the BPF ones share one module."""
+    server = kvcached_factory("-t", "2")
+    seen: list[tuple[str, str]] = []
+    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    try:
+        s.start(on_state=lambda name, state: seen.append((name, state)))
+        assert s.status.collectors == dict.fromkeys(ALL_COLLECTORS, "ok"), s.status.collectors
+        for name in ALL_COLLECTORS:
+            assert [st for n, st in seen if n == name] == ["compiling", "attaching", "ok"], seen
+        assert len({id(c.module) for c in s.active}) == 1, "one compiled module for every BPF collector"
+    finally:
+        s.close()
+    assert_detached(server)
+
+
+@pytest.mark.parametrize("when", ["compiling", "attaching"])
+def test_close_from_another_thread_while_attaching(
+    kvcached_factory: Callable[..., Server], when: str
+) -> None:
+    """close() from another thread while start() compiles (or has attached some
+    collectors): once close() returns nothing of ours is attached, and start()
+    ends without error."""
+    server = kvcached_factory("-t", "2")
+    before = our_bpf_fds()
+    reached = threading.Event()
+    trigger = ("oncpu", "compiling") if when == "compiling" else ("cachelines", "attaching")
+    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    loaded: set[int] = set()
+    errors: list[BaseException] = []
+
+    def on_state(name: str, state: str) -> None:
+        if (name, state) == trigger:
+            loaded.update(loaded_now(before))
+            reached.set()
+
+    def run() -> None:
+        try:
+            s.start(on_state=on_state)
+        except BaseException as e:  # start() must not fail because it was closed
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert reached.wait(120), "start() never reached the trigger state"
+    s.close()
+    assert_nothing_ours(server, before, loaded)
+    t.join(120)
+    assert not t.is_alive() and not errors, errors
+    assert not s.active
+    if when == "attaching":
+        assert loaded, "the collectors before cachelines had loaded programs"
+    assert_nothing_ours(server, before, loaded | loaded_now(before))
+
+
+@pytest.mark.parametrize("at", [("offcpu", "compiling"), ("cachelines", "attaching")])
+def test_ctrl_c_while_attaching_leaves_nothing(
+    kvcached_factory: Callable[..., Server], at: tuple[str, str]
+) -> None:
+    """KeyboardInterrupt in the thread running start() (what Ctrl-C raises in
+    `record`): it propagates, and nothing stays attached."""
+    server = kvcached_factory("-t", "2")
+    before = our_bpf_fds()
+    loaded: set[int] = set()
+
+    def on_state(name: str, state: str) -> None:
+        loaded.update(loaded_now(before))
+        if (name, state) == at:
+            raise KeyboardInterrupt
+
+    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    with pytest.raises(KeyboardInterrupt):
+        s.start(on_state=on_state)
+    assert not s.active
+    assert_nothing_ours(server, before, loaded)
+
+
+def test_a_program_that_does_not_compile_sinks_only_its_collector(
+    kvcached_factory: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests' program broken: the one module fails, each collector is compiled
+    alone, requests is reported failed with clang's error, the others count."""
+    from kvprof.collect.bpf import Program
+    from kvprof.collect.requests import RequestsCollector
+
+    def broken(self: RequestsCollector) -> Program:
+        return Program("requests", "int requests_on_done(struct pt_regs *ctx) { return undeclared; }")
+
+    monkeypatch.setattr(RequestsCollector, "program", broken)
+    server = kvcached_factory("-t", "2")
+    with Session(server.pid, ALL_COLLECTORS, CollectOptions()) as s:
+        assert s.status.collectors["requests"].startswith("failed: cannot compile requests: "), s.status
+        assert "undeclared" in s.status.collectors["requests"] and "\n" not in s.status.collectors["requests"]
+        assert {n for n, st in s.status.collectors.items() if st == "ok"} == set(ALL_COLLECTORS) - {
+            "requests"
+        }
+        server.stats()  # some traffic for the probes
+        p = s.snapshot()
+    assert "requests" not in p.collectors and "locks" in p.collectors
+    assert_detached(server)
