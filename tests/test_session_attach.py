@@ -15,8 +15,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from test_collect_cpu import our_bpf_fds, prog_ids, prog_loaded
-from test_probes import assert_detached
+from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, Session
