@@ -14,6 +14,11 @@ type leaves this package). The contract every collector follows:
             # counted since start (cumulative), and its health counters in
             # profile.status.counters ("<name>.lost", "<name>.stack_errors", ...)
         def close(self) -> None                      # detach everything; idempotent
+        reads_once = True  # optional: counts come once, at the end (py-spy and perf record):
+                           # started when the window starts, left out of its base
+
+The on-CPU stacks may come from kvprof.collect.pyspy or kvprof.collect.perf
+(programs run beside the target, no BPF) under the same contract and name.
 
 The session (session.py) drives a set of collectors against one PID.
 """
@@ -51,3 +56,8 @@ class CollectOptions:
     max_entries: int = 10240  # entries per aggregation map (raise if map_full shows up)
     offcpu_sample: int = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
     progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)
+    # who takes the on-CPU stacks (the session picks the collector, see session.modules):
+    backend: str = "bpf"  # "perf": `perf record` instead of BPF, and nothing else
+    python: bool | None = None  # py-spy's Python stacks: None = when the target is CPython
+    native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
+    live: bool = False  # read while attaching (top): the window starts at the first attach; py-spy dumps

@@ -1,4 +1,5 @@
-"""On-CPU stacks from `perf` instead of BPF (`kvprof record --backend perf`).
+"""On-CPU stacks from `perf` instead of BPF (`kvprof record --backend perf`): the
+on-CPU collector the session picks under that backend.
 
 For machines where BPF programs cannot load, and the way to get stacks
 through code without frame pointers (Debian's libc): `--call-graph dwarf`
@@ -17,17 +18,19 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
-from kvprof.model.profile import CpuStack, ThreadInfo
+from kvprof.collect import CollectError, CollectOptions, programs
+from kvprof.model.profile import CpuStack, Profile, Target, ThreadInfo
 from kvprof.model.topology import Topology
 
 _HEADER = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]")
 _FRAME = re.compile(r"^\s+(?P<ip>[0-9a-f]+)\s+(?P<sym>.*?)\s+\((?P<dso>.*)\)\s*$")
 
 
-class PerfError(Exception):
+class PerfError(CollectError):
     """perf is missing or failed; the message says what to do."""
 
 
@@ -77,27 +80,92 @@ def parse_script(text: str, pid: int, topology: Topology) -> tuple[list[CpuStack
     return [CpuStack(tid=t, frames=list(f), count=n) for (t, f), n in stacks.most_common()], threads
 
 
-def record(
-    pid: int, duration: float, hz: int, topology: Topology
-) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
+class PerfCollector:
+    """The on-CPU collector under `--backend perf` (the session picks it): `perf record
+    -a --call-graph dwarf` over the recording window, stopped with SIGINT at the end and
+    read back then (reads_once: perf writes its samples as it goes, but unwinding them
+    takes `perf script` seconds, done once)."""
+
+    name = "oncpu"
+    reads_once = True
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid, self.opts = pid, opts
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._result: tuple[list[CpuStack], dict[str, ThreadInfo]] | None = None
+
+    def applies(self) -> str | None:
+        return None
+
+    def start(self, timeout: float = 10.0) -> None:
+        perf = _perf()
+        self._dir = tempfile.TemporaryDirectory(prefix="kvprof-perf-")
+        data, log = self._files()
+        self._proc = programs.start(
+            [perf, "record", "-q", "-e", "cpu-clock", "-F", str(self.opts.hz), "-a", "--call-graph", "dwarf",
+             "-o", str(data)],
+            log,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while (
+            not data.exists() or data.stat().st_size == 0
+        ):  # perf writes its header once the events are open
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                programs.stop(self._proc, 5)
+                first = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[0]
+                raise PerfError(f"perf record failed: {first}")
+            time.sleep(0.02)
+
+    def _files(self) -> tuple[Path, Path]:
+        assert self._dir is not None
+        return Path(self._dir.name) / "perf.data", Path(self._dir.name) / "perf.log"
+
+    def contribute(self, profile: Profile) -> None:
+        """Stops perf (once) and puts the target's stacks in `profile.oncpu`."""
+        if self._result is None and self._proc is not None:
+            programs.stop(self._proc, 60)
+            data, _ = self._files()
+            script = subprocess.run(
+                [_perf(), "script", "-i", str(data), "-F", "comm,pid,tid,cpu,ip,sym,dso"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if script.returncode != 0:
+                first = (script.stderr.strip().splitlines() or ["no output"])[0]
+                raise PerfError(f"perf script failed: {first}")
+            self._result = parse_script(script.stdout, self.pid, self.opts.topology)
+        if self._result is None:
+            return
+        stacks, threads = self._result
+        profile.oncpu = list(stacks)
+        profile.threads.update(threads)
+        profile.status.collectors["oncpu"] = "ok (perf backend)"
+
+    def close(self) -> None:
+        if self._proc is not None:
+            programs.stop(self._proc, 10)
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def _perf() -> str:
     perf = shutil.which("perf")
     if perf is None:
         raise PerfError("perf not found: install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)")
-    with tempfile.TemporaryDirectory(prefix="kvprof-perf-") as tmp:
-        data = Path(tmp) / "perf.data"
-        rec = subprocess.run(
-            [perf, "record", "-q", "-e", "cpu-clock", "-F", str(hz), "-a", "--call-graph", "dwarf",
-             "-o", str(data), "--", "sleep", f"{duration:g}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if rec.returncode != 0 or not data.exists():
-            first = (rec.stderr.strip().splitlines() or ["no output"])[0]
-            raise PerfError(f"perf record failed: {first}")
-        script = subprocess.run(
-            [perf, "script", "-i", str(data), "-F", "comm,pid,tid,cpu,ip,sym,dso"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if script.returncode != 0:
-            first = (script.stderr.strip().splitlines() or ["no output"])[0]
-            raise PerfError(f"perf script failed: {first}")
-    return parse_script(script.stdout, pid, topology)
+    return perf
+
+
+def record(
+    pid: int, duration: float, hz: int, topology: Topology
+) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
+    """The target's stacks and threads over the next `duration` seconds (PerfCollector on its own)."""
+    collector = PerfCollector(pid, CollectOptions(hz=hz, topology=topology))
+    profile = Profile(target=Target(pid=pid))
+    try:
+        collector.start()
+        time.sleep(duration)
+        collector.contribute(profile)
+    finally:
+        collector.close()
+    return profile.oncpu, profile.threads

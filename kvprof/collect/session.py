@@ -21,15 +21,23 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
 from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
+# The attach order: what names the contention soonest first. On kvs targets the lock and
+# cache-line programs compile in a second or two each, the on-CPU one takes several (a
+# live view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
+NO_BPF = ("pyspy", "perf")  # modules that run a program beside the target instead of loading BPF
+PERF_ONLY = "not run: --backend perf takes on-CPU stacks only"
 
 
 class TargetGone(Exception):
@@ -63,9 +71,23 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _collector_class(name: str) -> Any:
+def modules(pid: int, names: list[str] | tuple[str, ...], opts: CollectOptions) -> dict[str, str]:
+    """The module under kvprof/collect/ that collects each of `names` for this target: the
+    on-CPU stacks come from perf (opts.backend "perf", and nothing else then), from py-spy
+    (opts.python, or None and a CPython target) or from BPF; everything else from BPF."""
+    if opts.backend == "perf":
+        if opts.python:
+            raise CollectError("--python and --backend perf both take the on-CPU stacks: choose one")
+        return {"oncpu": "perf"}
+    from kvprof.collect.pyspy import python_version
+
+    python = opts.python if opts.python is not None else "oncpu" in names and python_version(pid) is not None
+    return {n: "pyspy" if n == "oncpu" and python else n for n in names}
+
+
+def _collector_class(module_name: str, name: str) -> Any:
     try:
-        module = importlib.import_module(f"kvprof.collect.{name}")
+        module = importlib.import_module(f"kvprof.collect.{module_name}")
     except ImportError as e:  # a Python package it needs from Debian is missing
         raise CollectError(f"{name} cannot load ({e}): run scripts/provision.sh") from None
     for attr in vars(module).values():
@@ -75,7 +97,7 @@ def _collector_class(name: str) -> Any:
             and getattr(attr, "name", None) == name
         ):
             return attr
-    raise CollectError(f"kvprof.collect.{name} has no collector class named {name!r}")
+    raise CollectError(f"kvprof.collect.{module_name} has no collector class named {name!r}")
 
 
 class Session:
@@ -89,22 +111,31 @@ class Session:
         if unknown:
             raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
         self.pid = pid
-        self.names = list(collectors)
         self.opts = opts or CollectOptions()
+        self.modules = modules(pid, collectors, self.opts)  # collector name -> its module
+        self.names = list(self.modules)
         self.target = describe_target(pid)
         self.status = Status()
+        if self.opts.backend == "perf":
+            self.status.collectors.update(dict.fromkeys(ALL_COLLECTORS[1:], PERF_ONLY))
+        self.target_stats = TargetStats(pid)
+        self.stats_before: dict[str, dict[str, str]] = {}  # the target's own counters at the window's start
         self.active: list[Any] = []
         self.started_at = 0.0
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
         self._old_term: Any = None
-        # add() may attach a collector from one thread while another reads snapshots
+        # start() may attach collectors in one thread while another reads snapshots
         self._lock = threading.Lock()
         self._closed = False
 
     # ---- lifetime ------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, on_state: Callable[[str, str], None] | None = None) -> None:
+        """Attach every collector, in the attach order, then start the window (opts.live:
+        the first attach starts it). `on_state(name, state)` says each one's progress, from
+        this thread: "attaching", then "ok", "not applicable: …" or "failed: …". A session
+        closed from another thread meanwhile attaches no more and detaches what it did."""
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
@@ -112,78 +143,88 @@ class Session:
             # only the main thread may set handlers; a program that starts the session
             # elsewhere (the TUI, from a worker) handles SIGTERM itself and calls close()
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
+        at_window = []  # collectors that count from the window's start (reads_once)
         try:
-            for name in self.names:
-                try:
-                    collector = _collector_class(name)(self.pid, self.opts)
-                except CollectError as e:
-                    self.status.collectors[name] = f"failed: {e}"
-                    continue
-                reason = collector.applies()
-                if reason is not None:
-                    self.status.collectors[name] = f"not applicable: {reason}"
-                    continue
-                try:
-                    collector.start()
-                except CollectError as e:
-                    collector.close()
-                    self.status.collectors[name] = f"failed: {e}"
-                    continue
-                self.active.append(collector)
-                self.status.collectors[name] = "ok"
+            for name in sorted(self.names, key=lambda n: (self.modules[n] not in NO_BPF, order.index(n))):
+                collector = None if self._closed else self._prepare(name, on_state)
+                if collector is not None and getattr(collector, "reads_once", False):
+                    at_window.append((name, collector))
+                elif collector is not None:
+                    self._start(name, collector, on_state)
+                    if self.opts.live and self._base is None and self.active:
+                        self._begin_window()
+            if self._base is None:
+                self._begin_window()
+            for name, collector in at_window:
+                self._start(name, collector, on_state)
+            self.stats_before = self.target_stats.read()
         except BaseException:
+            for _, collector in at_window:
+                collector.close()
             self.close()
             raise
         if not self.active:
             self.close()
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
-        # The window starts once everything is attached (compiling a BPF
-        # program takes a second or more each): what the first collectors
-        # counted meanwhile is subtracted from every snapshot, so all of them
-        # cover the same window, and `record` reads the target's own stats
-        # at this point for the ground truth.
-        self._base = self._read(probes_first=False)
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
+        with self._lock:  # said in the order asked for, whatever the attach order
+            self.active.sort(key=lambda c: ALL_COLLECTORS.index(c.name))
+            self.status.collectors = dict(
+                sorted(self.status.collectors.items(), key=lambda kv: ALL_COLLECTORS.index(kv[0]))
+            )
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    def add(self, name: str) -> str:
-        """Attach one more collector to a started session; returns its state ("ok", or
-        why not, as in status.collectors). A live view uses it to show the first
-        collectors' numbers while slower ones still compile; may run in another thread
-        than snapshot(). The new collector's counts fall inside the window but cover
-        only the part since it attached."""
-        if name not in ALL_COLLECTORS:
-            raise CollectError(f"unknown collector {name!r}: choose from {', '.join(ALL_COLLECTORS)}")
+    def _begin_window(self) -> None:
+        # The window starts once everything is attached (compiling a BPF
+        # program takes a second or more each): what the first collectors
+        # counted meanwhile is subtracted from every snapshot, so all of them
+        # cover the same window, and the target's own stats are read at this
+        # point for the ground truth.
+        self._base = self._read(probes_first=False)
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+
+    def _say(self, name: str, state: str, on_state: Callable[[str, str], None] | None) -> None:
+        with self._lock:
+            self.status.collectors[name] = state
+        if on_state is not None:
+            on_state(name, state)
+
+    def _prepare(self, name: str, on_state: Callable[[str, str], None] | None) -> Any:
+        """The collector of `name` if it applies to the target, else None (its state said).
+        A CollectError from applies() ends the session: py-spy that --python asked for."""
+        self._say(name, "attaching", on_state)
         try:
-            collector = _collector_class(name)(self.pid, self.opts)
+            collector = _collector_class(self.modules[name], name)(self.pid, self.opts)
         except CollectError as e:
-            with self._lock:
-                self.status.collectors[name] = f"failed: {e}"
-            return f"failed: {e}"
+            self._say(name, f"failed: {e}", on_state)
+            return None
         reason = collector.applies()
         if reason is not None:
-            state = f"not applicable: {reason}"
-        else:
-            try:
-                collector.start()
-                state = "ok"
-            except CollectError as e:
-                collector.close()
-                state = f"failed: {e}"
+            self._say(name, f"not applicable: {reason}", on_state)
+            return None
+        return collector
+
+    def _start(self, name: str, collector: Any, on_state: Callable[[str, str], None] | None) -> None:
+        try:
+            collector.start()
+        except CollectError as e:
+            collector.close()
+            self._say(name, f"failed: {e}", on_state)
+            return
+        except BaseException:  # Ctrl-C or SIGTERM while it attached: nothing may stay attached
+            collector.close()
+            raise
         with self._lock:
-            if state == "ok" and self._closed:
+            closed = self._closed
+            if closed:
                 collector.close()  # closed while it compiled: nothing may stay attached
-                state = "closed"
-            elif state == "ok":
+            else:
                 self.active.append(collector)
-                if name not in self.names:
-                    self.names.append(name)
-            self.status.collectors[name] = state
-        return state
+        self._say(name, "not attached: the session was closed" if closed else "ok", on_state)
 
     def close(self) -> None:
         """Detach every collector; safe to call twice, and from error paths."""
@@ -209,6 +250,25 @@ class Session:
         self.close()
 
     # ---- data -------------------------------------------------------------------
+
+    def stats(
+        self, groups: tuple[str, ...] = DEFAULT_GROUPS, timeout: float = 2.0
+    ) -> dict[str, dict[str, str]]:
+        """The target's own counters now (memcached `stats` groups or Redis INFO); {} when it
+        answers none or has exited."""
+        return self.target_stats.read(groups, timeout) if alive(self.pid) else {}
+
+    def finish(self) -> Profile:
+        """The last snapshot, with the target's own counters from the window's start and end
+        in profile.server_stats ("before", "before.locks", …, "after", …): the counters are
+        read first, then the maps (the small probe maps first), so the two windows end
+        within milliseconds, not after seconds of symbolizing stacks."""
+        after = self.stats()
+        profile = self.snapshot()
+        for when, groups in (("before", self.stats_before), ("after", after)):
+            for name, group in groups.items():
+                profile.server_stats[when if name == "general" else f"{when}.{name}"] = group
+        return profile
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0 if self._t0 else 0.0
@@ -240,8 +300,8 @@ class Session:
             )
         # The probe collectors' maps are small and read in milliseconds; the
         # stack collectors symbolize thousands of frames. The probe maps are
-        # read right next to the moment `record` reads the target's own stats:
-        # last when the window starts (the base), first when it ends.
+        # read right next to the moment the target's own stats are read:
+        # last when the window starts (the base), first when it ends (finish).
         stacks_last = sorted(active, key=lambda c: c.name in ("oncpu", "offcpu", "regsample"))
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
