@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import subprocess
 import tempfile
@@ -98,24 +99,50 @@ class PerfCollector:
     def applies(self) -> str | None:
         return None
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 30.0) -> None:
+        """Returns once perf samples. Its events start disabled (-D -1) and are enabled
+        through its control fifo, acknowledged on the other one: with -a perf first reads
+        every process's maps, a second or more on a busy machine, sampling nothing yet."""
         perf = _perf()
         self._dir = tempfile.TemporaryDirectory(prefix="kvprof-perf-")
         data, log = self._files()
+        ctl, ack = Path(self._dir.name) / "ctl", Path(self._dir.name) / "ack"
+        os.mkfifo(ctl)
+        os.mkfifo(ack)
         self._proc = programs.start(
             [perf, "record", "-q", "-e", "cpu-clock", "-F", str(self.opts.hz), "-a", "--call-graph", "dwarf",
-             "-o", str(data)],
+             "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
             log,
         )  # fmt: skip
         deadline = time.monotonic() + timeout
-        while (
-            not data.exists() or data.stat().st_size == 0
-        ):  # perf writes its header once the events are open
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                programs.stop(self._proc, 5)
-                first = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[0]
-                raise PerfError(f"perf record failed: {first}")
-            time.sleep(0.02)
+        acks = os.open(ack, os.O_RDONLY | os.O_NONBLOCK)  # perf's open of it waits for a reader
+        try:
+            control = None
+            while control is None:
+                try:
+                    control = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until perf has it open
+                except OSError:
+                    self._waiting(deadline, log)
+            os.write(control, b"enable\n")
+            os.close(control)
+            reply = b""
+            while b"ack" not in reply:
+                ready, _, _ = select.select([acks], [], [], 0.05)
+                got = os.read(acks, 64) if ready else b""
+                reply += got
+                if not got:
+                    self._waiting(deadline, log)
+        finally:
+            os.close(acks)
+
+    def _waiting(self, deadline: float, log: Path) -> None:
+        """A pause while perf starts; PerfError once it has exited or the deadline passed."""
+        assert self._proc is not None
+        if self._proc.poll() is not None or time.monotonic() > deadline:
+            programs.stop(self._proc, 5)
+            first = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[0]
+            raise PerfError(f"perf record failed: {first}")
+        time.sleep(0.02)
 
     def _files(self) -> tuple[Path, Path]:
         assert self._dir is not None
