@@ -104,9 +104,12 @@ DEFAULT_GROUPS = ("", "locks", "settings")  # what `kvprof record` keeps from be
 def _port_stats(host: str, port: int, groups: tuple[str, ...], timeout: float) -> dict[str, dict[str, str]]:
     """One port's counters: Redis INFO (with REDIS_SECTIONS unless only the general group is
     asked for), or the memcached `stats` groups; {} when it speaks neither."""
+    if groups == ("",):  # the general counters alone (a live view's, every second)
+        try:
+            return {"general": general_stats(host, port, timeout)}
+        except (TargetError, OSError):
+            return {}
     try:  # Redis first: memcached answers a stray INFO with ERROR at once
-        if groups == ("",):
-            return {"general": {"protocol": "redis", **redis_info(host, port, timeout=timeout)}}
         return _redis(host, port, timeout=timeout)
     except (TargetError, OSError):
         pass
