@@ -20,16 +20,11 @@ import pytest
 from conftest import Unprivileged
 from support import KVPROF
 
-from kvprof.collect.pyspy import (
-    READ_TRIES,
-    DumpSampler,
-    SocketTally,
-    explain,
-    first_line,
-    parse_raw,
-    python_version,
-)
+from kvprof.collect import CollectOptions
+from kvprof.collect.pyspy import READ_TRIES, DumpSampler, PySpyCollector, explain, python_version
 from kvprof.collect.pyspy import binary as pyspy_binary
+from kvprof.collect.pyspy_output import first_line, parse_raw
+from kvprof.collect.thread_sockets import SocketTally
 from kvprof.model.profile import Profile, Target
 from kvprof.model.topology import Topology
 from kvprof.system.servers import Server, die_with_parent
@@ -236,8 +231,8 @@ def test_dump_sampler_counts_a_busy_thread() -> None:
     spin = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=die_with_parent)
     try:
         time.sleep(0.3)
+        assert PySpyCollector(spin.pid, CollectOptions(live=True)).applies() is None
         sampler = DumpSampler(spin.pid, interval=0.1)
-        assert sampler.applies() is None
         sampler.start()
         time.sleep(1.5)
         sampler.close()
@@ -303,6 +298,7 @@ def test_top_live_source_takes_python_stacks_from_py_spy(
     source.start()
     try:
         assert source.wait_attached(("oncpu", "offcpu"), timeout=60), source.states
+        source.poll()  # the session's "ok", detailed by the collector's part of the profile
         assert source.states["oncpu"].startswith("ok (py-spy"), source.states
         top = ""
         deadline = time.monotonic() + 20

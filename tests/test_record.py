@@ -8,6 +8,7 @@ checks the profile, the target afterwards, and that nothing stayed attached.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -316,3 +317,23 @@ def test_a_missing_python_package_fails_one_collector_not_the_recording(
     assert "scripts/provision.sh" in p.status.collectors["oncpu"]
     assert p.status.collectors["cachelines"] == "ok", p.status.collectors
     assert_nothing_attached(kvcached)
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(shutil.which("perf") is None, reason="no perf (linux-perf): run scripts/provision.sh")
+def test_perf_backend_takes_the_on_cpu_stacks_alone(
+    contend: Callable[[], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """--backend perf: the session's on-CPU collector is perf's, its hot function first;
+    every other collector says it did not run."""
+    proc = contend()
+    out = tmp_path / "perf.json"
+    r = record(proc.pid, out, "-d", "2", "--backend", "perf", timeout=300)
+    assert r.returncode == 0, r.stderr
+    p = Profile.load(out)
+    assert p.collectors == ["oncpu"] and p.status.collectors["oncpu"] == "ok (perf backend)"
+    assert all(p.status.collectors[n].startswith("not run") for n in ("offcpu", "locks", "requests"))
+    self_samples: Counter[str] = Counter()
+    for s in p.oncpu:
+        self_samples[s.frames[-1]] += s.count
+    assert self_samples.most_common(1)[0][0] == "spin_hot_function", self_samples.most_common(3)

@@ -13,6 +13,11 @@ set of them against one PID):
             # counted since start (cumulative), and its health counters in
             # profile.status.counters ("<name>.lost", "<name>.stack_errors", ...)
         def close(self) -> None                      # detach everything; idempotent
+        reads_once = True  # optional: counts come once, at the end (py-spy and perf record):
+                           # started when the window starts, left out of its base
+
+The on-CPU stacks may come from kvprof.collect.pyspy or kvprof.collect.perf
+(programs run beside the target, no BPF) under the same contract and name.
 
 A BPF collector (probes/<name>.bpf.c, the only modules that import bcc,
 through kvprof.collect.bpf) also has the two halves of start(), so that the
@@ -73,6 +78,11 @@ class CollectOptions:
     max_entries: int = MAX_ENTRIES
     offcpu_sample: int = OFFCPU_SAMPLE
     progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)
+    # who takes the on-CPU stacks (the session picks the collector, see session.modules):
+    backend: str = "bpf"  # "perf": `perf record` instead of BPF, and nothing else
+    python: bool | None = None  # py-spy's Python stacks: None = when the target is CPython
+    native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
+    live: bool = False  # read while attaching (top): the window starts at the first attach; py-spy dumps
 
     def cflags(self, pid: int) -> list[str]:
         """The -D flags of probes/common.h for a program watching `pid`."""

@@ -1,4 +1,5 @@
-"""On-CPU stacks from `perf` instead of BPF (`kvprof record --backend perf`).
+"""On-CPU stacks from `perf` instead of BPF (`kvprof record --backend perf`): the
+on-CPU collector the session picks under that backend.
 
 For machines where BPF programs cannot load, and the way to get stacks
 through code without frame pointers (Debian's libc): `--call-graph dwarf`
@@ -14,20 +15,23 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
-from kvprof.model.profile import CpuStack, ThreadInfo
+from kvprof.collect import CollectError, CollectOptions, programs
+from kvprof.model.profile import CpuStack, Profile, Target, ThreadInfo
 from kvprof.model.topology import Topology
 
 _HEADER = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]")
 _FRAME = re.compile(r"^\s+(?P<ip>[0-9a-f]+)\s+(?P<sym>.*?)\s+\((?P<dso>.*)\)\s*$")
 
 
-class PerfError(Exception):
+class PerfError(CollectError):
     """perf is missing or failed; the message says what to do."""
 
 
@@ -77,27 +81,118 @@ def parse_script(text: str, pid: int, topology: Topology) -> tuple[list[CpuStack
     return [CpuStack(tid=t, frames=list(f), count=n) for (t, f), n in stacks.most_common()], threads
 
 
-def record(
-    pid: int, duration: float, hz: int, topology: Topology
-) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
+class PerfCollector:
+    """The on-CPU collector under `--backend perf` (the session picks it): `perf record
+    -a --call-graph dwarf` over the recording window, stopped with SIGINT at the end and
+    read back then (reads_once: perf writes its samples as it goes, but unwinding them
+    takes `perf script` seconds, done once)."""
+
+    name = "oncpu"
+    reads_once = True
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid, self.opts = pid, opts
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._result: tuple[list[CpuStack], dict[str, ThreadInfo]] | None = None
+
+    def applies(self) -> str | None:
+        return None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Returns once perf samples. Its events start disabled (-D -1) and are enabled
+        through its control fifo, acknowledged on the other one: with -a perf first reads
+        every process's maps, a second or more on a busy machine, sampling nothing yet."""
+        perf = _perf()
+        self._dir = tempfile.TemporaryDirectory(prefix="kvprof-perf-")
+        data, log = self._files()
+        ctl, ack = Path(self._dir.name) / "ctl", Path(self._dir.name) / "ack"
+        os.mkfifo(ctl)
+        os.mkfifo(ack)
+        self._proc = programs.start(
+            [perf, "record", "-q", "-e", "cpu-clock", "-F", str(self.opts.hz), "-a", "--call-graph", "dwarf",
+             "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
+            log,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        acks = os.open(ack, os.O_RDONLY | os.O_NONBLOCK)  # perf's open of it waits for a reader
+        try:
+            control = None
+            while control is None:
+                try:
+                    control = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until perf has it open
+                except OSError:
+                    self._waiting(deadline, log)
+            os.write(control, b"enable\n")
+            os.close(control)
+            reply = b""
+            while b"ack" not in reply:
+                ready, _, _ = select.select([acks], [], [], 0.05)
+                got = os.read(acks, 64) if ready else b""
+                reply += got
+                if not got:
+                    self._waiting(deadline, log)
+        finally:
+            os.close(acks)
+
+    def _waiting(self, deadline: float, log: Path) -> None:
+        """A pause while perf starts; PerfError once it has exited or the deadline passed."""
+        assert self._proc is not None
+        if self._proc.poll() is not None or time.monotonic() > deadline:
+            programs.stop(self._proc, 5)
+            first = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[0]
+            raise PerfError(f"perf record failed: {first}")
+        time.sleep(0.02)
+
+    def _files(self) -> tuple[Path, Path]:
+        assert self._dir is not None
+        return Path(self._dir.name) / "perf.data", Path(self._dir.name) / "perf.log"
+
+    def contribute(self, profile: Profile) -> None:
+        """Stops perf (once) and puts the target's stacks in `profile.oncpu`."""
+        if self._result is None and self._proc is not None:
+            programs.stop(self._proc, 60)
+            data, _ = self._files()
+            script = subprocess.run(
+                [_perf(), "script", "-i", str(data), "-F", "comm,pid,tid,cpu,ip,sym,dso"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if script.returncode != 0:
+                first = (script.stderr.strip().splitlines() or ["no output"])[0]
+                raise PerfError(f"perf script failed: {first}")
+            self._result = parse_script(script.stdout, self.pid, self.opts.topology)
+        if self._result is None:
+            return
+        stacks, threads = self._result
+        profile.oncpu = list(stacks)
+        profile.threads.update(threads)
+        profile.status.collectors["oncpu"] = "ok (perf backend)"
+
+    def close(self) -> None:
+        if self._proc is not None:
+            programs.stop(self._proc, 10)
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def _perf() -> str:
     perf = shutil.which("perf")
     if perf is None:
         raise PerfError("perf not found: install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)")
-    with tempfile.TemporaryDirectory(prefix="kvprof-perf-") as tmp:
-        data = Path(tmp) / "perf.data"
-        rec = subprocess.run(
-            [perf, "record", "-q", "-e", "cpu-clock", "-F", str(hz), "-a", "--call-graph", "dwarf",
-             "-o", str(data), "--", "sleep", f"{duration:g}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if rec.returncode != 0 or not data.exists():
-            first = (rec.stderr.strip().splitlines() or ["no output"])[0]
-            raise PerfError(f"perf record failed: {first}")
-        script = subprocess.run(
-            [perf, "script", "-i", str(data), "-F", "comm,pid,tid,cpu,ip,sym,dso"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if script.returncode != 0:
-            first = (script.stderr.strip().splitlines() or ["no output"])[0]
-            raise PerfError(f"perf script failed: {first}")
-    return parse_script(script.stdout, pid, topology)
+    return perf
+
+
+def record(
+    pid: int, duration: float, hz: int, topology: Topology
+) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
+    """The target's stacks and threads over the next `duration` seconds (PerfCollector on its own)."""
+    collector = PerfCollector(pid, CollectOptions(hz=hz, topology=topology))
+    profile = Profile(target=Target(pid=pid))
+    try:
+        collector.start()
+        time.sleep(duration)
+        collector.contribute(profile)
+    finally:
+        collector.close()
+    return profile.oncpu, profile.threads

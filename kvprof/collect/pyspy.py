@@ -1,28 +1,32 @@
-"""Python-level stacks from py-spy, for CPython targets (DESIGN.md: "For a Python
-process it can take Python-level stacks from py-spy").
+"""Python-level stacks from py-spy, for CPython targets: the on-CPU collector the
+session picks for a CPython process (or with --python), in place of BPF's.
 
 BPF sees a CPython process as `_PyEval_EvalFrameDefault` all the way down;
 py-spy reads the interpreter's own frames from outside the process, so the
 frames are Python functions with file:line. py-spy is a subprocess here, not
-a library, and it stays out of the BPF collectors' way: `kvprof record`
-runs it for the on-CPU stacks while the BPF collectors take off-CPU and
-futex waits (and the kvs probes, should the target carry them).
+a library, and it stays out of the BPF collectors' way: it takes the on-CPU
+stacks while the BPF collectors take off-CPU and futex waits (and the kvs
+probes, should the target carry them).
 
+- `PySpyCollector`: the collector (kvprof/collect/__init__.py's contract, name
+  "oncpu"): a `PySpyRecorder` for a recording, a `DumpSampler` for a live view
+  (opts.live). It says in `status.collectors["oncpu"]` that py-spy produced the
+  stacks, with the share of samples py-spy failed to take (`pyspy.samples`,
+  `pyspy.errors`).
 - `PySpyRecorder`: `py-spy record --format raw --nonblocking --threads` for a
   recording window (stopped with SIGINT, as Ctrl-C would, so it writes what it
-  has); `contribute(profile)` puts its stacks in `profile.oncpu`, per thread,
-  and says in `status.collectors["oncpu"]` that py-spy produced them, with the
-  share of samples py-spy failed to take (`pyspy.samples`, `pyspy.errors`).
+  has): its stacks come once, at the end (reads_once).
 - `DumpSampler`: `py-spy dump --json` in a loop, for a live view (`kvprof
-  top`): the same collector-like interface, cumulative stacks.
+  top`): cumulative stacks at every read.
+
+py-spy's output is read in pyspy_output.py; on which socket a thread ran, which
+py-spy does not say, in thread_sockets.py.
 
 --nonblocking: py-spy does not pause the target to read it, so a sample may
 catch a stack mid-change and fail (an error) or be slightly off; pausing would
 cost the target a stop per sample per thread. py-spy cannot unwind native
 frames without stopping the target, so `--native` samples it paused (the
-cost `native` buys; `_sampling_flags`). py-spy does not say on which CPU
-a sample ran: the sockets of a thread's samples are split in proportion to
-the CPUs /proc shows it on, read a few times a second (`SocketTally`).
+cost `native` buys; `_sampling_flags`).
 
 py-spy's failures (no permission, not a CPython process, an unsupported
 Python, a failed native merge) become a PySpyError whose message is one line
@@ -35,38 +39,45 @@ live view try it again, up to READ_TRIES times in a row, and count the tries
 
 from __future__ import annotations
 
-import ast
-import ctypes
 import functools
-import json
-import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from kvprof.collect import CollectError
+from kvprof.collect import CollectError, CollectOptions, programs
+from kvprof.collect.pyspy_output import DumpThread, Stacks, parse_dump, parse_raw
+from kvprof.collect.thread_sockets import SocketTally
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
 # what the process's executable or libraries look like when it is CPython
 _PYTHON_EXE = re.compile(r"^python(\d+(\.\d+)?)?[dmu]*$")
 _LIBPYTHON = re.compile(r"/libpython(\d+\.\d+)[dmu]*\.so")
-_RAW_THREAD = re.compile(r"^thread \((?P<id>0x[0-9A-Fa-f]+|\d+)\)(?:: (?P<name>.*))?$")
 _SUMMARY = re.compile(r"Samples: (\d+) Errors: (\d+)")
 _STARTED = "Sampling process"
 WARN_ERROR_RATE = 0.01  # above this share of failed samples, the profile says so
 READ_TRIES = 5  # a read failing this many times in a row is not transient
 RETRY_PAUSE_S = 0.1
+# what py-spy says (any of the words, in lower case) -> what to do
+_KNOWN = (
+    (
+        ("permission denied", "operation not permitted"),
+        "py-spy may not read {who}'s memory (permission denied): run kvprof as root (sudo), "
+        "or as the user who owns the process with kernel.yama.ptrace_scope=0",
+    ),
+    (("failed to get process executable name", "no such process"), "no process with PID {pid} (it exited?)"),
+    (
+        ("failed to find python version", "failed to find a python interpreter"),
+        "{who} is not a CPython process py-spy can read ({first}): drop --python to take its stacks with BPF",
+    ),
+)
 
 
 class PySpyError(CollectError):
@@ -151,20 +162,9 @@ def _explain(output: str, pid: int, native: bool) -> tuple[str, bool]:
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Error:")),
         text.splitlines()[0] if text else "no output",
     )
-    if "permission denied" in lowered or "operation not permitted" in lowered:
-        return (
-            f"py-spy may not read {who}'s memory (permission denied): run kvprof as root (sudo), "
-            "or as the user who owns the process with kernel.yama.ptrace_scope=0",
-            False,
-        )
-    if "failed to get process executable name" in lowered or "no such process" in lowered:
-        return f"no process with PID {pid} (it exited?)", False
-    if "failed to find python version" in lowered or "failed to find a python interpreter" in lowered:
-        return (
-            f"{who} is not a CPython process py-spy can read ({first}): "
-            "drop --python to take its stacks with BPF",
-            False,
-        )
+    for words, fix in _KNOWN:
+        if any(w in lowered for w in words):
+            return fix.format(who=who, pid=pid, first=first), False
     if "unsupported" in lowered and "python" in lowered:
         return (
             f"py-spy cannot read the Python in {who} ({first}): upgrade py-spy (`pip install -U py-spy`)",
@@ -206,105 +206,7 @@ def check(pid: int, native: bool = False, timeout: float = 20.0) -> tuple[str, i
     return next((ln.strip() for ln in out.splitlines() if ln.startswith("Python v")), ""), retries
 
 
-# ---- where threads run --------------------------------------------------------------------
-
-
-def thread_cpus(pid: int) -> dict[int, int]:
-    """tid -> the CPU each thread of `pid` last ran on (/proc/PID/task/TID/stat, field 39)."""
-    out: dict[int, int] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = int(fields[36])  # fields[0] is field 3 (state)
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-class SocketTally:
-    """Counts, a few times a second, on which socket each thread of `pid` is."""
-
-    def __init__(self, pid: int, topology: Topology, interval: float = 0.2) -> None:
-        self.pid, self.topology, self.interval = pid, topology, interval
-        self.seen: dict[int, Counter[int]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def tick(self) -> None:
-        for tid, cpu in thread_cpus(self.pid).items():
-            try:
-                socket = self.topology.socket_of(cpu)
-            except (KeyError, IndexError, ValueError):
-                continue
-            self.seen.setdefault(tid, Counter())[socket] += 1
-
-    def start(self) -> None:
-        self.tick()
-        self._thread = threading.Thread(target=self._run, name="kvprof-sockets", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.tick()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def split(self, tid: int, samples: int) -> dict[str, int]:
-        """`samples` of thread `tid` by socket, in proportion to where it was seen."""
-        seen = self.seen.get(tid)
-        if not seen or samples <= 0:
-            return {}
-        total = sum(seen.values())
-        shares = {s: samples * n / total for s, n in seen.items()}
-        out = {s: math.floor(v) for s, v in shares.items()}
-        # largest remainders get the samples the floors left over
-        for s in sorted(shares, key=lambda s: (out[s] - shares[s], s))[: samples - sum(out.values())]:
-            out[s] += 1
-        return {str(s): n for s, n in sorted(out.items()) if n}
-
-
-# ---- py-spy's raw output -------------------------------------------------------------------
-
-
-@dataclass
-class Stacks:
-    """Python stacks by thread, as py-spy gave them."""
-
-    stacks: list[CpuStack] = field(default_factory=list)
-    names: dict[int, str] = field(default_factory=dict)  # tid -> thread name
-
-
-def parse_raw(text: str) -> Stacks:
-    """py-spy's `--format raw --threads` output: `thread (TID): NAME;frame;... COUNT`.
-
-    A thread py-spy could not match to an OS thread is named by its
-    pthread id (`thread (0x7F...)`); it keeps that number as its id."""
-    out = Stacks()
-    merged: dict[tuple[int, tuple[str, ...]], int] = {}
-    for line in text.splitlines():
-        stack, _, count = line.rstrip().rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        m = _RAW_THREAD.match(frames[0])
-        tid = 0
-        if m is not None:
-            frames = frames[1:]
-            tid = int(m["id"], 0)
-            if m["name"]:
-                out.names[tid] = m["name"]
-        key = (tid, tuple(frames))
-        merged[key] = merged.get(key, 0) + int(count)
-    out.stacks = [CpuStack(tid=tid, frames=list(frames), count=n) for (tid, frames), n in merged.items()]
-    return out
+# ---- py-spy record, py-spy dump ---------------------------------------------------------------
 
 
 def _fill(
@@ -346,13 +248,6 @@ def _fill(
         )
 
 
-def _die_with_parent() -> None:
-    # py-spy is stopped by SIGINT so that it writes its output; if kvprof dies
-    # without stopping it, the kernel sends it the same
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGINT, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 class PySpyRecorder:
     """`py-spy record` over a recording window, as kvprof record's on-CPU source.
 
@@ -364,19 +259,11 @@ class PySpyRecorder:
     spy.contribute(profile)
     """
 
-    name = "oncpu"
-
     def __init__(
-        self,
-        pid: int,
-        hz: int = 99,
-        native: bool = False,
-        topology: Topology | None = None,
-        bpf_collectors: tuple[str, ...] = (),
+        self, pid: int, hz: int = 99, native: bool = False, topology: Topology | None = None
     ) -> None:
         self.pid, self.hz, self.native = pid, hz, native
         self.topology = topology or Topology.read()
-        self.bpf_collectors = bpf_collectors  # what BPF still collects next to it
         self.python = ""  # "Python v3.11.2 (...)", from check()
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -394,9 +281,6 @@ class PySpyRecorder:
     def _log(self) -> Path:
         assert self._dir is not None
         return Path(self._dir.name) / "pyspy.log"
-
-    def applies(self) -> str | None:
-        return None if python_version(self.pid) is not None else "not a CPython process"
 
     def check(self) -> str:
         self.python, retries = check(self.pid, self.native)
@@ -430,10 +314,7 @@ class PySpyRecorder:
             "--function",
         ]
         argv += ["-r", str(self.hz), "-d", "unlimited", "-p", str(self.pid), "-o", str(self._out)]
-        with open(self._log, "wb") as log:
-            self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
-            )
+        self._proc = programs.start(argv, self._log)
         deadline = time.monotonic() + timeout
         while _STARTED not in self._log.read_text(errors="replace"):
             if self._proc.poll() is not None:
@@ -452,13 +333,7 @@ class PySpyRecorder:
         if proc is None or self._result is not None:
             return
         self._tally.stop()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # as Ctrl-C: py-spy writes its file and exits
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        programs.stop(proc, timeout)  # as Ctrl-C: py-spy writes its file and exits
         log = self._log.read_text(errors="replace")
         summary = _SUMMARY.search(log)
         try:
@@ -482,126 +357,12 @@ class PySpyRecorder:
     def close(self) -> None:
         """Stops py-spy if it runs and removes its files; idempotent."""
         self._tally.stop()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if self._proc is not None:
+            programs.stop(self._proc, 10)
         self._proc = None
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
-
-
-def for_record(opts: Any) -> PySpyRecorder | None:
-    """The py-spy source of `kvprof record` (RecordOptions `opts`), checked, or None
-    when py-spy is not wanted: `opts.python` True (--python), False (--no-python)
-    or None (when the target is CPython). PySpyError when it is wanted and cannot run."""
-    from kvprof.collect.session import ALL_COLLECTORS
-
-    wanted = opts.python if opts.python is not None else python_version(opts.pid) is not None
-    if opts.python and opts.backend != "bpf":
-        raise PySpyError(f"--python and --backend {opts.backend} both take the on-CPU stacks: choose one")
-    if not wanted or opts.backend != "bpf":
-        return None
-    asked = tuple(opts.collectors) or ALL_COLLECTORS
-    if "oncpu" not in asked:  # nothing on-CPU was asked for: BPF does the rest
-        return None
-    bpf = tuple(c for c in asked if c != "oncpu")
-    spy = PySpyRecorder(opts.pid, opts.hz, opts.native, bpf_collectors=bpf)
-    spy.check()
-    if not opts.quiet:
-        rest = f"; {', '.join(bpf)} from BPF" if bpf else ""
-        print(f"  Python stacks from py-spy ({spy.python or 'CPython'}){rest}", file=sys.stderr)
-    return spy
-
-
-def record_alone(spy: PySpyRecorder, duration: float | None, quiet: bool = False) -> Profile:
-    """A recording with py-spy only (`--collectors oncpu` on a CPython target): no BPF, no root."""
-    import platform
-
-    from kvprof.collect.session import alive, describe_target
-    from kvprof.model.profile import Host, Window
-
-    target = describe_target(spy.pid)
-    if not quiet:
-        how_long = "until Ctrl-C" if duration is None else f"for {duration:g} s"
-        print(
-            f"Profiling {target.comm} PID {target.pid} {how_long} at {spy.hz} Hz with py-spy...",
-            file=sys.stderr,
-        )
-    spy.start()
-    start, t0 = time.time(), time.monotonic()
-    stopped_early = ""
-    try:
-        while duration is None or time.monotonic() - t0 < duration:
-            if not alive(spy.pid):
-                stopped_early = f"the target (PID {spy.pid}) exited after {time.monotonic() - t0:.1f} s"
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        stopped_early = "interrupted"
-    finally:
-        spy.stop()
-    profile = Profile(
-        target=target,
-        host=Host(kernel=platform.release(), cpus=os.cpu_count() or 0, topology=spy.topology.to_dict()),
-        window=Window(start=start, duration_s=round(time.monotonic() - t0, 3)),
-    )
-    spy.contribute(profile)
-    spy.close()
-    if stopped_early.startswith("the target"):
-        profile.status.partial, profile.status.reason = True, stopped_early
-    elif stopped_early:
-        profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
-    return profile
-
-
-# ---- a live source: `py-spy dump` in a loop ------------------------------------------------
-
-
-@functools.lru_cache(maxsize=256)
-def _functions(path: str) -> tuple[tuple[int, int, int], ...]:
-    """(first line, last line, the line py-spy --function names it by) of every function in a file."""
-    try:
-        tree = ast.parse(Path(path).read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return ()
-    return tuple(
-        (
-            node.lineno,
-            node.end_lineno or node.lineno,
-            min([node.lineno, *(d.lineno for d in node.decorator_list)]),
-        )
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    )
-
-
-def first_line(path: str, line: int) -> int:
-    """The first line of the function that `line` of `path` is in (its code object's
-    co_firstlineno, as `py-spy record --function` gives it); 1 for module-level code,
-    `line` itself when the file cannot be read."""
-    if line <= 0 or not path:
-        return line
-    functions = _functions(path)
-    if not functions:
-        return line
-    inside = [f for f in functions if f[0] <= line <= f[1]]
-    return max(inside)[2] if inside else 1
-
-
-@dataclass
-class DumpThread:
-    """One thread's stack in one `py-spy dump --json`."""
-
-    tid: int
-    name: str
-    active: bool
-    frames: list[str]  # root first, `name (file:first line)` as `py-spy record --function` writes them
 
 
 def dump(pid: int, native: bool = False, timeout: float = 10.0) -> tuple[list[DumpThread], int]:
@@ -609,19 +370,9 @@ def dump(pid: int, native: bool = False, timeout: float = 10.0) -> tuple[list[Du
     unless native), and the failed tries before it."""
     out, retries = _dump(pid, native, timeout, "--json")
     try:
-        traces = json.loads(out)
-    except json.JSONDecodeError:
+        return parse_dump(out), retries
+    except ValueError:
         raise PySpyError(f"py-spy's dump of PID {pid} is not JSON: {out[:80]!r}") from None
-    threads = []
-    for t in traces:
-        frames = [
-            f"{f.get('name', '?')} ({f.get('short_filename') or f.get('filename', '?')}:"
-            f"{first_line(f.get('filename', ''), int(f.get('line') or 0))})"
-            for f in reversed(t.get("frames", []))
-        ]
-        tid = t.get("os_thread_id") or t.get("thread_id") or 0
-        threads.append(DumpThread(int(tid), t.get("thread_name") or "", bool(t.get("active")), frames))
-    return threads, retries
 
 
 class DumpSampler:
@@ -650,9 +401,6 @@ class DumpSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def applies(self) -> str | None:
-        return None if python_version(self.pid) is not None else "not a CPython process"
 
     def start(self) -> None:
         _, self.retries = dump(self.pid, self.native)  # PySpyError now, in the caller, not in the thread
@@ -699,3 +447,41 @@ class DumpSampler:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(15)
+
+
+class PySpyCollector:
+    """The on-CPU collector of a CPython target (the session picks it): `py-spy record`
+    over a recording window, its stacks read once at the end, or `py-spy dump` in a loop
+    for a live view (opts.live). With opts.python (--python) py-spy was asked for: a
+    target it cannot read ends the session (applies() raises) instead of being skipped."""
+
+    name = "oncpu"
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        self.pid, self.opts = pid, opts
+        self.reads_once = not opts.live  # py-spy record writes its stacks when it stops
+        self.source: PySpyRecorder | DumpSampler = (
+            DumpSampler(pid, native=opts.native, topology=opts.topology)
+            if opts.live
+            else PySpyRecorder(pid, opts.hz, opts.native, opts.topology)
+        )
+
+    def applies(self) -> str | None:
+        if not self.opts.python and python_version(self.pid) is None:
+            return "not a CPython process"
+        if isinstance(self.source, PySpyRecorder):  # PySpyError now rather than after the BPF compile
+            python = self.source.check()
+            if self.opts.progress is not None:
+                self.opts.progress(f"Python stacks from py-spy ({python or 'CPython'})")
+        return None
+
+    def start(self) -> None:
+        self.source.start()
+
+    def contribute(self, profile: Profile) -> None:
+        if isinstance(self.source, PySpyRecorder):
+            self.source.stop()
+        self.source.contribute(profile)
+
+    def close(self) -> None:
+        self.source.close()

@@ -98,24 +98,57 @@ def ops_total(general: dict[str, str]) -> int | None:
         return None
 
 
-def server_stats(pid: int, groups: tuple[str, ...] = ("", "locks", "settings")) -> dict[str, dict[str, str]]:
+DEFAULT_GROUPS = ("", "locks", "settings")  # what `kvprof record` keeps from before and after
+
+
+def _port_stats(host: str, port: int, groups: tuple[str, ...], timeout: float) -> dict[str, dict[str, str]]:
+    """One port's counters: Redis INFO (with REDIS_SECTIONS unless only the general group is
+    asked for), or the memcached `stats` groups; {} when it speaks neither."""
+    if groups == ("",):  # the general counters alone (a live view's, every second)
+        try:
+            return {"general": general_stats(host, port, timeout)}
+        except (TargetError, OSError):
+            return {}
+    try:  # Redis first: memcached answers a stray INFO with ERROR at once
+        return _redis(host, port, timeout=timeout)
+    except (TargetError, OSError):
+        pass
+    result: dict[str, dict[str, str]] = {}
+    for group in groups:
+        try:
+            result[group or "general"] = stats(host, port, group or None, timeout=timeout)
+        except (TargetError, OSError):
+            if not group:
+                break  # not a memcached-protocol port
+    return result
+
+
+class TargetStats:
+    """The counters of a process's first port that answers (Redis INFO or memcached
+    `stats`); the port that answered is asked first next time."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._port: tuple[str, int] | None = None
+
+    def read(
+        self, groups: tuple[str, ...] = DEFAULT_GROUPS, timeout: float = 2.0
+    ) -> dict[str, dict[str, str]]:
+        """{"general": {...}, "locks": {...}, ...}; {} when no port answers."""
+        ports = [self._port] if self._port else listening_ports(self.pid)
+        for host, port in ports:
+            result = _port_stats(host, port, groups, timeout)
+            if result:
+                self._port = (host, port)
+                return result
+        self._port = None
+        return {}
+
+
+def server_stats(pid: int, groups: tuple[str, ...] = DEFAULT_GROUPS) -> dict[str, dict[str, str]]:
     """The counters of the first port of `pid` that speaks Redis (INFO) or the memcached
     protocol (`stats` groups); {} if none."""
-    for host, port in listening_ports(pid):
-        try:  # Redis first: memcached answers a stray INFO with ERROR at once
-            return _redis(host, port, timeout=2.0)
-        except (TargetError, OSError):
-            pass
-        result: dict[str, dict[str, str]] = {}
-        for group in groups:
-            try:
-                result[group or "general"] = stats(host, port, group or None, timeout=2.0)
-            except (TargetError, OSError):
-                if not group:
-                    break  # not a memcached-protocol port
-        if result:
-            return result
-    return {}
+    return TargetStats(pid).read(groups)
 
 
 def stats(host: str, port: int, group: str | None = None, timeout: float = 5.0) -> dict[str, str]:

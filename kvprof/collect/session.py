@@ -9,8 +9,7 @@ start() compiles the programs of all the BPF collectors as one BCC module
 (one clang run; a module that does not compile is compiled again per
 collector, so one broken program fails only its collector), then attaches
 each; `start(on_state=...)` hears every collector's state as it changes.
-extend() attaches more to a started session the same way. The contract the
-collectors follow is in kvprof/collect/__init__.py.
+The contract the collectors follow is in kvprof/collect/__init__.py.
 
 The session owns the collectors' lifetimes: every one that started is
 closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`), on
@@ -33,6 +32,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
@@ -40,6 +40,13 @@ if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
     from kvprof.collect.bpf import Module, Program
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
+# The attach order: what names the contention soonest first. On kvs targets the lock and
+# cache-line programs compile in a second or two each, the on-CPU one takes several (a
+# live view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
+NO_BPF = ("pyspy", "perf")  # modules that run a program beside the target instead of loading BPF
+PERF_ONLY = "not run: --backend perf takes on-CPU stacks only"
 
 
 class TargetGone(Exception):
@@ -73,9 +80,23 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _collector_class(name: str) -> Any:
+def modules(pid: int, names: list[str] | tuple[str, ...], opts: CollectOptions) -> dict[str, str]:
+    """The module under kvprof/collect/ that collects each of `names` for this target: the
+    on-CPU stacks come from perf (opts.backend "perf", and nothing else then), from py-spy
+    (opts.python, or None and a CPython target) or from BPF; everything else from BPF."""
+    if opts.backend == "perf":
+        if opts.python:
+            raise CollectError("--python and --backend perf both take the on-CPU stacks: choose one")
+        return {"oncpu": "perf"}
+    from kvprof.collect.pyspy import python_version
+
+    python = opts.python if opts.python is not None else "oncpu" in names and python_version(pid) is not None
+    return {n: "pyspy" if n == "oncpu" and python else n for n in names}
+
+
+def _collector_class(module_name: str, name: str) -> Any:
     try:
-        module = importlib.import_module(f"kvprof.collect.{name}")
+        module = importlib.import_module(f"kvprof.collect.{module_name}")
     except ImportError as e:  # a Python package it needs from Debian is missing
         raise CollectError(f"{name} cannot load ({e}): run scripts/provision.sh") from None
     for attr in vars(module).values():
@@ -85,7 +106,7 @@ def _collector_class(name: str) -> Any:
             and getattr(attr, "name", None) == name
         ):
             return attr
-    raise CollectError(f"kvprof.collect.{name} has no collector class named {name!r}")
+    raise CollectError(f"kvprof.collect.{module_name} has no collector class named {name!r}")
 
 
 class Session:
@@ -99,19 +120,24 @@ class Session:
         if unknown:
             raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
         self.pid = pid
-        self.names = list(collectors)
         self.opts = opts or CollectOptions()
+        self.modules = modules(pid, collectors, self.opts)  # collector name -> its module
+        self.names = list(self.modules)
         self.target = describe_target(pid)
         self.status = Status()
+        if self.opts.backend == "perf":
+            self.status.collectors.update(dict.fromkeys(ALL_COLLECTORS[1:], PERF_ONLY))
+        self.target_stats = TargetStats(pid)
+        self.stats_before: dict[str, dict[str, str]] = {}  # the target's own counters at the window's start
         self.active: list[Any] = []
         self.started_at = 0.0
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
         self._old_term: Any = None
         self._modules: list[Module] = []  # the compiled BCC modules the active collectors attached to
-        # add() may attach a collector from one thread while another reads snapshots
+        # start() may attach collectors in one thread while another reads snapshots
         self._lock = threading.Lock()
-        # held while start() or add() compiles and attaches: close() from another
+        # held while start() compiles and attaches: close() from another
         # thread waits for the step under way, so nothing stays attached
         self._attaching = threading.RLock()
         self._closed = False
@@ -119,11 +145,14 @@ class Session:
     # ---- lifetime ------------------------------------------------------------
 
     def start(self, on_state: Callable[[str, str], None] | None = None) -> None:
-        """Attach the collectors: the programs of every BPF collector compiled as one
-        module, then each attached in turn. `on_state(name, state)` hears each
-        collector's state as it changes ("compiling", "attaching", "ok",
-        "not applicable: ...", "failed: ..."), from this thread. A close() from
-        another thread meanwhile ends start() early, with nothing attached."""
+        """Attach every collector, then start the window (opts.live: the first attach
+        starts it). py-spy and perf, which compile nothing, start first; the programs
+        of every BPF collector are compiled as one module, then each is attached in
+        the attach order. `on_state(name, state)` hears each collector's state as it
+        changes, from this thread: "compiling" (BPF), "attaching", then "ok",
+        "not applicable: ...", "failed: ..." or "not attached: the session was
+        closed". A close() from another thread meanwhile ends start() early, with
+        nothing attached."""
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
@@ -131,60 +160,84 @@ class Session:
             # only the main thread may set handlers; a program that starts the session
             # elsewhere (the TUI, from a worker) handles SIGTERM itself and calls close()
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
+        at_window: list[Any] = []  # collectors that count from the window's start (reads_once)
         try:
-            self._attach(self.names, on_state)
+            with self._attaching:
+                with_bpf = []
+                for name in sorted(self.names, key=lambda n: (self.modules[n] not in NO_BPF, order.index(n))):
+                    collector = None if self._closed else self._prepare(name, on_state)
+                    if collector is None:
+                        continue
+                    if getattr(collector, "reads_once", False):
+                        at_window.append(collector)
+                    elif hasattr(collector, "program"):
+                        with_bpf.append(collector)
+                    else:
+                        self._start(collector, None, on_state)
+                for module, collectors in self._compile(with_bpf, on_state):
+                    for collector in collectors:
+                        self._start(collector, module, on_state)
+                if self._closed:
+                    return
+                if self._base is None:
+                    self._begin_window()
+                for collector in at_window:
+                    self._start(collector, None, on_state)
+                self.stats_before = self.target_stats.read()
         except BaseException:
+            for collector in at_window:
+                collector.close()
             self.close()
             raise
-        with self._lock:
-            if self._closed:
-                return
-            order = {n: i for i, n in enumerate(self.names)}
-            self.status.collectors = dict(sorted(self.status.collectors.items(), key=lambda kv: order[kv[0]]))
+        if self.closed:
+            return
         if not self.active:
             self.close()
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
-        # The window starts once everything is attached: what the first collectors
-        # counted meanwhile is subtracted from every snapshot, so all of them
-        # cover the same window, and `record` reads the target's own stats
-        # at this point for the ground truth.
-        self._base = self._read(probes_first=False)
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
+        with self._lock:  # said in the order asked for, whatever the attach order
+            self.active.sort(key=lambda c: ALL_COLLECTORS.index(c.name))
+            self.status.collectors = dict(
+                sorted(self.status.collectors.items(), key=lambda kv: ALL_COLLECTORS.index(kv[0]))
+            )
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called (from any thread)."""
+        return self._closed
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    def _state(self, name: str, state: str, on_state: Callable[[str, str], None] | None) -> None:
+    def _begin_window(self) -> None:
+        # The window starts once everything is attached: what the first collectors
+        # counted meanwhile is subtracted from every snapshot, so all of them
+        # cover the same window, and the target's own stats are read at this
+        # point for the ground truth.
+        self._base = self._read(probes_first=False)
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+
+    def _say(self, name: str, state: str, on_state: Callable[[str, str], None] | None) -> None:
         with self._lock:
             self.status.collectors[name] = state
         if on_state is not None:
             on_state(name, state)
 
-    def _attach(self, names: list[str], on_state: Callable[[str, str], None] | None) -> None:
-        """Make, compile and attach the collectors `names`; each one's state goes to
-        status.collectors. Stops at the first step that finds the session closed."""
-        with self._attaching:
-            made: list[Any] = []
-            for name in names:
-                try:
-                    collector = _collector_class(name)(self.pid, self.opts)
-                except CollectError as e:
-                    self._state(name, f"failed: {e}", on_state)
-                    continue
-                reason = collector.applies()
-                if reason is not None:
-                    self._state(name, f"not applicable: {reason}", on_state)
-                    continue
-                made.append(collector)
-            with_bpf = [c for c in made if hasattr(c, "program")]
-            for module, collectors in self._compile(with_bpf, on_state):
-                for collector in collectors:
-                    self._attach_one(collector, lambda c, m=module: c.attach(m), on_state)
-            for collector in made:
-                if collector not in with_bpf:
-                    self._attach_one(collector, lambda c: c.start(), on_state)
+    def _prepare(self, name: str, on_state: Callable[[str, str], None] | None) -> Any:
+        """The collector of `name` if it applies to the target, else None (its state said).
+        A CollectError from applies() ends the session: py-spy that --python asked for."""
+        try:
+            collector = _collector_class(self.modules[name], name)(self.pid, self.opts)
+        except CollectError as e:
+            self._say(name, f"failed: {e}", on_state)
+            return None
+        reason = collector.applies()
+        if reason is not None:
+            self._say(name, f"not applicable: {reason}", on_state)
+            return None
+        return collector
 
     def _compile(
         self, collectors: list[Any], on_state: Callable[[str, str], None] | None
@@ -198,16 +251,16 @@ class Session:
             try:
                 programs.append((c, c.program()))
             except CollectError as e:
-                self._state(c.name, f"failed: {e}", on_state)
+                self._say(c.name, f"failed: {e}", on_state)
         for c, _ in programs:
-            self._state(c.name, "compiling", on_state)
+            self._say(c.name, "compiling", on_state)
         groups = [programs] if programs else []
         try:
             if programs:
                 return self._keep_module([c for c, _ in programs], [p for _, p in programs])
         except CollectError as e:
             if len(programs) == 1:
-                self._state(programs[0][0].name, f"failed: {e}", on_state)
+                self._say(programs[0][0].name, f"failed: {e}", on_state)
                 return []
             groups = [[one] for one in programs]  # find the one that breaks the module
         out = []
@@ -215,7 +268,7 @@ class Session:
             try:
                 out += self._keep_module([c for c, _ in group], [p for _, p in group])
             except CollectError as e:
-                self._state(group[0][0].name, f"failed: {e}", on_state)
+                self._say(group[0][0].name, f"failed: {e}", on_state)
         return out
 
     def _keep_module(self, collectors: list[Any], programs: list[Program]) -> list[tuple[Module, list[Any]]]:
@@ -227,50 +280,32 @@ class Session:
         self._modules.append(module)
         return [(module, collectors)]
 
-    def _attach_one(
-        self, collector: Any, attach: Callable[[Any], None], on_state: Callable[[str, str], None] | None
+    def _start(
+        self, collector: Any, module: Module | None, on_state: Callable[[str, str], None] | None
     ) -> None:
+        """Attach one collector: to `module` (a BPF one), or by its own start()."""
         if self._closed:
+            self._say(collector.name, "not attached: the session was closed", on_state)
             return
-        self._state(collector.name, "attaching", on_state)
+        self._say(collector.name, "attaching", on_state)
         try:
-            attach(collector)
+            collector.start() if module is None else collector.attach(module)
         except CollectError as e:
             collector.close()
-            self._state(collector.name, f"failed: {e}", on_state)
+            self._say(collector.name, f"failed: {e}", on_state)
             return
-        with self._lock:
-            self.active.append(collector)
-            if collector.name not in self.names:
-                self.names.append(collector.name)
-        self._state(collector.name, "ok", on_state)
-
-    def add(self, name: str, on_state: Callable[[str, str], None] | None = None) -> str:
-        """Attach one more collector to a started session; returns its state, as
-        extend() does."""
-        return self.extend([name], on_state)[name]
-
-    def extend(self, names: list[str], on_state: Callable[[str, str], None] | None = None) -> dict[str, str]:
-        """Attach more collectors to a started session, their BPF programs compiled
-        as one module; returns each one's state ("ok", or why not, as in
-        status.collectors; "closed" when the session was closed meanwhile). A live
-        view starts the session with the collectors that compile fastest and
-        extends it with the rest, to show the first numbers sooner; may run in
-        another thread than snapshot(). The new collectors' counts fall inside the
-        window but cover only the part since they attached."""
-        unknown = [n for n in names if n not in ALL_COLLECTORS]
-        if unknown:
-            raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
-        try:
-            self._attach(list(names), on_state)
-        except BaseException:
-            self.close()
+        except BaseException:  # Ctrl-C or SIGTERM while it attached: nothing may stay attached
+            collector.close()
             raise
         with self._lock:
-            if self._closed:
-                for name in names:
-                    self.status.collectors[name] = "closed"
-            return {name: self.status.collectors[name] for name in names}
+            closed = self.closed
+            if closed:
+                collector.close()  # closed while it attached: nothing may stay attached
+            else:
+                self.active.append(collector)
+        self._say(collector.name, "not attached: the session was closed" if closed else "ok", on_state)
+        if not closed and self.opts.live and self._base is None:
+            self._begin_window()
 
     def close(self) -> None:
         """Detach every collector; safe to call twice, from error paths, and from
@@ -300,6 +335,25 @@ class Session:
         self.close()
 
     # ---- data -------------------------------------------------------------------
+
+    def stats(
+        self, groups: tuple[str, ...] = DEFAULT_GROUPS, timeout: float = 2.0
+    ) -> dict[str, dict[str, str]]:
+        """The target's own counters now (memcached `stats` groups or Redis INFO); {} when it
+        answers none or has exited."""
+        return self.target_stats.read(groups, timeout) if alive(self.pid) else {}
+
+    def finish(self) -> Profile:
+        """The last snapshot, with the target's own counters from the window's start and end
+        in profile.server_stats ("before", "before.locks", …, "after", …): the counters are
+        read first, then the maps (the small probe maps first), so the two windows end
+        within milliseconds, not after seconds of symbolizing stacks."""
+        after = self.stats()
+        profile = self.snapshot()
+        for when, groups in (("before", self.stats_before), ("after", after)):
+            for name, group in groups.items():
+                profile.server_stats[when if name == "general" else f"{when}.{name}"] = group
+        return profile
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0 if self._t0 else 0.0
@@ -331,8 +385,8 @@ class Session:
             )
         # The probe collectors' maps are small and read in milliseconds; the
         # stack collectors symbolize thousands of frames. The probe maps are
-        # read right next to the moment `record` reads the target's own stats:
-        # last when the window starts (the base), first when it ends.
+        # read right next to the moment the target's own stats are read:
+        # last when the window starts (the base), first when it ends (finish).
         stacks_last = sorted(active, key=lambda c: c.name in ("oncpu", "offcpu", "regsample"))
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)

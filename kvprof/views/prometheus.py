@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -50,6 +50,9 @@ from prometheus_client.registry import CollectorRegistry
 from kvprof.analysis.lines import LINE, line_table
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
+
+if TYPE_CHECKING:
+    from kvprof.collect.session import Session
 
 NS = "kvprof"
 OTHER = "other"
@@ -324,7 +327,7 @@ class Labeler:
         self.names: dict[str, str] = {}  # tid -> name, pinned when first seen
 
     def see_threads(self, profile: Profile) -> None:
-        from kvprof.collect.pyspy import thread_cpus
+        from kvprof.collect.thread_sockets import thread_cpus
 
         activity = {
             tid: info.cpu_samples + info.offcpu_ns // 1_000_000 + info.lock_wait_ns // 1_000_000
@@ -534,15 +537,20 @@ class SessionCollector:
     """A prometheus_client collector over a live Session: reads it when scraped
     (at most once per `min_interval`; concurrent scrapes share the reading)."""
 
-    def __init__(self, opts: ExporterOptions, topology: Topology) -> None:
+    def __init__(self, opts: ExporterOptions, session: Session) -> None:
         self.opts = opts
-        self.labeler = Labeler(opts.pid, topology, opts.top, opts.max_labels)
-        self.session: Any = None  # set once attached
-        self.states: dict[str, str] = {}  # before attaching: collector -> "attaching"
+        self.session = session
+        self.labeler = Labeler(opts.pid, session.opts.topology, opts.top, opts.max_labels)
+        self.attached = False  # set once the session has started its window
+        self.states: dict[str, str] = dict.fromkeys(session.names, "attaching")  # until then
         self._lock = threading.Lock()
         self._cache: tuple[float, list[Metric]] | None = None
         self.scrapes = 0
         self.closed = False
+
+    def on_state(self, name: str, state: str) -> None:
+        """The session's progress while it attaches (Session.start's on_state)."""
+        self.states[name] = state
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -554,19 +562,17 @@ class SessionCollector:
         yield from metrics
 
     def _read(self) -> list[Metric]:
-        from kvprof.collect.server_stats import server_stats
         from kvprof.collect.session import alive
 
         began = time.monotonic()
-        if self.session is None or self.closed:
+        if not self.attached or self.closed:
             fam = Families()
             fam.add("collector_up", {(name,): 0.0 for name in self.states})
         else:
             fam = profile_metrics(self.session.snapshot(), self.labeler)
             fam.add("session_start_time_seconds", self.session.started_at)
-        is_alive = alive(self.opts.pid)
-        fam.add("target_up", float(is_alive))
-        target_metrics(server_stats(self.opts.pid, ("", "locks", "timings")) if is_alive else {}, fam)
+        fam.add("target_up", float(alive(self.opts.pid)))
+        target_metrics(self.session.stats(("", "locks", "timings")), fam)
         fam.add("scrape_read_seconds", time.monotonic() - began)
         return list(fam.families.values())
 
@@ -574,8 +580,7 @@ class SessionCollector:
         """Detach; a scrape in flight finishes first."""
         with self._lock:
             self.closed = True
-            if self.session is not None:
-                self.session.close()
+            self.session.close()
 
 
 def _say(opts: ExporterOptions, line: str) -> None:
@@ -588,7 +593,7 @@ def run(opts: ExporterOptions) -> int:
     from prometheus_client import start_http_server
 
     from kvprof.collect import CollectError, CollectOptions
-    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive, describe_target
+    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive
 
     def fail(message: str) -> int:
         print(f"kvprof exporter: {message}", file=sys.stderr)
@@ -598,18 +603,20 @@ def run(opts: ExporterOptions) -> int:
         host, port = parse_listen(opts.listen)
     except ValueError as e:
         return fail(str(e))
-    try:
-        target = describe_target(opts.pid)
+    try:  # py-spy and perf are record's: the exporter reads BPF's counters at every scrape
+        session = Session(
+            opts.pid,
+            opts.collectors or ALL_COLLECTORS,
+            CollectOptions(hz=opts.hz, offcpu_sample=opts.offcpu_sample, python=False),
+        )
     except TargetGone as e:
         return fail(str(e))
     except PermissionError:
         return fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
     if os.geteuid() != 0:
         return fail("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
-    topology = Topology.read()
-    collector = SessionCollector(opts, topology)
-    names = opts.collectors or ALL_COLLECTORS
-    collector.states = dict.fromkeys(names, "attaching")
+    target = session.target
+    collector = SessionCollector(opts, session)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:  # before attaching, so a busy port is said at once and not after a compile
@@ -625,14 +632,11 @@ def run(opts: ExporterOptions) -> int:
 
     old_term = signal.signal(signal.SIGTERM, on_term)
     status = 0
-    session = None
     try:
-        session = Session(
-            opts.pid, names, CollectOptions(hz=opts.hz, topology=topology, offcpu_sample=opts.offcpu_sample)
-        )
-        _say(opts, f"Attaching to {target.comm} PID {target.pid} ({len(names)} collectors, compiling BPF)...")
-        session.start()
-        collector.session = session
+        n = len(session.names)
+        _say(opts, f"Attaching to {target.comm} PID {target.pid} ({n} collectors, compiling BPF)...")
+        session.start(on_state=collector.on_state)
+        collector.attached = True
         attached = [n for n, s in session.status.collectors.items() if s == "ok"]
         _say(
             opts,
@@ -656,8 +660,6 @@ def run(opts: ExporterOptions) -> int:
         server.server_close()
         thread.join(5)
         collector.close()
-        if session is not None:  # a signal between start() and the collector taking it
-            session.close()
         signal.signal(signal.SIGTERM, old_term)
     if status == 0:
         _say(opts, f"kvprof exporter: detached after {collector.scrapes} scrapes")
