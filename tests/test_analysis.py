@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from kvprof.analysis import CATALOG, Thresholds, find, match_function, match_lock, match_site
-from kvprof.analysis.findings import call_site, rank_key, summary
+from kvprof.analysis.findings import rank_key, summary
+from kvprof.analysis.hotspots import call_site
 from kvprof.model.profile import (
     CacheLineStat,
     CpuStack,

@@ -22,7 +22,7 @@ import pytest
 from test_export import KVPROF, SvgDoc, SvgFrame, read_svg
 from test_record import load, record
 
-from kvprof.analysis.findings import is_wrapper
+from kvprof.analysis.hotspots import is_wrapper
 from kvprof.export.diff import SAME_BELOW
 from kvprof.export.frames import HOTSPOT
 from kvprof.export.svg import frame_colour

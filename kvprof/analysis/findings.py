@@ -16,7 +16,6 @@ scaled unless a rate is recorded for them.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from kvprof.analysis.hotspots import (
     Hotspot,
     by_id,
+    call_site,
     is_kernel,
     match_function,
     match_lock,
@@ -31,7 +31,8 @@ from kvprof.analysis.hotspots import (
     normalize,
 )
 from kvprof.analysis.lines import line_findings
-from kvprof.model.profile import Finding, FutexWait, Profile
+from kvprof.analysis.tables import functions, locks, seconds, sites
+from kvprof.model.profile import Finding, Profile
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -71,27 +72,6 @@ class Thresholds:
 
 THRESHOLDS = Thresholds()
 
-# Frames that are the lock machinery itself, skipped when naming a call site.
-LOCK_WRAPPERS = frozenset(
-    {
-        "kv_lock",
-        "kv_lock_contended",
-        "kv_trylock",
-        "pthread_mutex_lock",
-        "pthread_mutex_timedlock",
-        "pthread_mutex_trylock",
-        "pthread_rwlock_rdlock",
-        "pthread_rwlock_wrlock",
-        "pthread_cond_wait",
-        "pthread_cond_timedwait",
-        "pthread_spin_lock",
-        "syscall",
-        "futex_wait",
-        "futex",
-    }
-)
-_INTERNAL = re.compile(r"^(_+(lll|pthread|GI|futex|libc)|lll_|.*\blib(c|pthread)[.-].*\+0x)")
-
 # Off-CPU waits that mean "nothing to do", not "blocked": leaf-most user frames.
 IDLE_WAITS = frozenset(
     {
@@ -123,57 +103,18 @@ IDLE_WAITS = frozenset(
 )
 
 
-def is_wrapper(frame: str) -> bool:
-    """True for lock/futex plumbing and unsymbolized libc frames."""
-    if is_kernel(frame):
-        return True
-    n = normalize(frame)
-    return n in LOCK_WRAPPERS or bool(_INTERNAL.match(frame)) or bool(_INTERNAL.match(n))
-
-
-def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
-    """Futex waits by futex word, without the kvs-probed locks: those (glibc's
-    mutex word sits at their start) are lock findings with better numbers."""
-    lock_addrs = [lk.address for lk in p.locks if lk.address]
-    out: dict[int, list[FutexWait]] = defaultdict(list)
-    for fw in p.offcpu.futex:
-        if not any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
-            out[fw.uaddr].append(fw)
-    return out
-
-
-def futex_label(waits: list[FutexWait]) -> str:
-    """What to call the futex of these waits: its data symbol or region, else its address."""
-    return next((w.name for w in waits if w.name), f"futex {waits[0].uaddr:#x}" if waits else "futex")
-
-
-def call_site(frames: list[str]) -> str:
-    """The leaf-most frame of a root..leaf stack that is not lock plumbing or kernel."""
-    for frame in reversed(frames):
-        if not is_wrapper(frame):
-            return normalize(frame)
-    return normalize(frames[-1]) if frames else "?"
-
-
 def _is_idle(frames: list[str]) -> bool:
     return any(normalize(f) in IDLE_WAITS for f in frames)
 
 
 class _Ctx:
-    """What every rule needs: the window, thread names and sockets, sample rates."""
+    """What every rule needs: the window, thread names and sockets."""
 
     def __init__(self, profile: Profile, t: Thresholds) -> None:
         self.p = profile
         self.t = t
-        self.dur = profile.window.duration_s if profile.window.duration_s > 0 else 1.0
+        self.dur = seconds(profile)
         self.names = {tid: th.name for tid, th in profile.threads.items()}
-
-    def rate(self, probe: str) -> int:
-        rates = self.p.status.sample_rates
-        for key in (probe, f"kvs:{probe}", f"kvs__{probe}"):
-            if rates.get(key, 0) > 0:
-                return int(rates[key])
-        return 1
 
     def socket_of(self, tid: str) -> str:
         th = self.p.threads.get(tid)
@@ -206,28 +147,15 @@ def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
 
 
 def _lock_findings(c: _Ctx) -> list[Finding]:
-    rate = c.rate("lock__wait__done")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, lk in enumerate(c.p.locks):
-        groups[lk.name].append(i)
     out: list[Finding] = []
-    for name, idx in groups.items():
-        locks = [c.p.locks[i] for i in idx]
-        waits = sum(lk.waits for lk in locks) * rate
-        wait_ns = sum(lk.wait_ns for lk in locks) * rate
-        if waits <= 0:
+    for lk in locks(c.p):
+        if lk.futex or lk.waits <= 0:
             continue
-        per_thread: dict[str, dict[str, float]] = {}
-        for lk in locks:
-            for tid, tw in lk.by_thread.items():
-                row = per_thread.setdefault(tid, {"waits": 0.0, "wait_ns": 0.0})
-                row["waits"] += tw.waits * rate
-                row["wait_ns"] += tw.wait_ns * rate
-        sites: dict[str, int] = defaultdict(int)
-        for lk in locks:
-            for st in lk.stacks:
-                sites[call_site(st.frames)] += st.wait_ns
-        site_names = [s for s, _ in sorted(sites.items(), key=lambda kv: -kv[1])]
+        name, rate, waits, wait_ns = lk.name, lk.rate, lk.waits, lk.wait_ns
+        per_thread = {
+            t: {"waits": float(w.waits), "wait_ns": float(w.wait_ns)} for t, w in lk.by_thread.items()
+        }
+        site_names = [s for s, _ in lk.sites]
         nthreads = max(len(per_thread), 1)
         wait_s_per_s = wait_ns / 1e9 / c.dur
         share = wait_s_per_s / nthreads
@@ -279,7 +207,7 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
                     "waits_per_s": waits / c.dur,
                     "wait_ms_per_s": wait_s_per_s * 1e3,
                     "wait_share": share,
-                    "max_ms": max(lk.max_ns for lk in locks) / 1e6,
+                    "max_ms": (lk.max_ns or 0) / 1e6,
                     "threads": float(len(per_thread)),
                     "sample_rate": float(rate),
                     "est_s_per_s": wait_s_per_s,
@@ -300,49 +228,30 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
 
 
 def _line_findings(c: _Ctx) -> list[Finding]:
-    rate = c.rate("atomic__sample")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, cl in enumerate(c.p.cachelines):
-        groups[cl.site].append(i)
     out: list[Finding] = []
     t = c.t
-    for site, idx in groups.items():
-        lines = [c.p.cachelines[i] for i in idx]
-        samples = sum(cl.samples for cl in lines)
-        if samples <= 0:
-            continue
-        transfers = sum(cl.transfers for cl in lines) * rate
-        cross = sum(cl.cross_socket_transfers for cl in lines) * rate
-        cycles_mean = sum(cl.cycles_mean * cl.samples for cl in lines) / samples
+    for st in sites(c.p):
+        site, rate = st.site, st.rate
+        transfers, cross, cycles_mean = st.transfers, st.cross_socket, st.cycles_mean
         # A line written by one thread only is per-thread data: its "transfers" are that
         # thread moving between CPUs, not sharing. Unknown writers count as shared.
-        writers = max((len([1 for v in cl.by_thread.values() if v.samples > 0]) for cl in lines), default=0)
-        shared = writers != 1
-        per_thread: dict[str, dict[str, float]] = {}
-        tcycles: dict[str, float] = defaultdict(float)
-        for cl in lines:
-            for tid, lt in cl.by_thread.items():
-                row = per_thread.setdefault(tid, {"updates_per_s": 0.0, "transfers_per_s": 0.0})
-                row["updates_per_s"] += lt.samples * rate / c.dur
-                row["transfers_per_s"] += lt.transfers * rate / c.dur
-                tcycles[tid] += lt.cycles_mean * lt.samples
-        for tid, row in per_thread.items():
-            n = row["updates_per_s"] * c.dur / rate
-            row["cycles_mean"] = tcycles[tid] / n if n else 0.0
+        shared = st.writers != 1
+        per_thread = {
+            tid: {
+                "updates_per_s": lt.updates / c.dur,
+                "transfers_per_s": lt.transfers / c.dur,
+                "cycles_mean": lt.cycles_mean,
+            }
+            for tid, lt in st.by_thread.items()
+        }
         per_socket: dict[str, dict[str, float]] = {}
-        for cl in lines:
-            for i, rowm in enumerate(cl.socket_matrix):
-                for j, v in enumerate(rowm):
-                    if not v:
-                        continue
-                    src = per_socket.setdefault(
-                        str(i), {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0}
-                    )
-                    dst = per_socket.setdefault(
-                        str(j), {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0}
-                    )
-                    src["transfers_out_per_s"] += v * rate / c.dur
-                    dst["transfers_in_per_s"] += v * rate / c.dur
+        for i, rowm in enumerate(st.socket_matrix):
+            for j, v in enumerate(rowm):
+                if not v:
+                    continue
+                for sock, key in ((str(i), "transfers_out_per_s"), (str(j), "transfers_in_per_s")):
+                    ps = per_socket.setdefault(sock, {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0})
+                    ps[key] += v / c.dur
         transfers_per_s = transfers / c.dur
         cross_per_s = cross / c.dur
         weighted = transfers_per_s - cross_per_s + t.cross_socket_weight * cross_per_s
@@ -396,15 +305,15 @@ def _line_findings(c: _Ctx) -> list[Finding]:
                 severity=severity,
                 where=site,
                 cost={
-                    "updates_per_s": samples * rate / c.dur,
+                    "updates_per_s": st.updates / c.dur,
                     "transfers_per_s": transfers_per_s,
                     "cross_socket_per_s": cross_per_s,
                     "cross_socket_share": cross / transfers if transfers else 0.0,
-                    "transfer_share": transfers / (samples * rate),
+                    "transfer_share": transfers / st.updates,
                     "cycles_mean": cycles_mean,
-                    "cycles_max": float(max(cl.cycles_max for cl in lines)),
-                    "lines": float(len(lines)),
-                    "writers": float(writers),
+                    "cycles_max": float(st.cycles_max),
+                    "lines": float(len(st.lines)),
+                    "writers": float(st.writers),
                     "sample_rate": float(rate),
                     "est_s_per_s": est,
                 },
@@ -425,25 +334,12 @@ def _line_findings(c: _Ctx) -> list[Finding]:
 
 def _cpu_findings(c: _Ctx) -> list[Finding]:
     t = c.t
-    total = sum(s.count for s in c.p.oncpu)
+    counts = functions(c.p)
+    total = counts.samples
     if total <= 0:
         return []
-    thread_total: dict[str, int] = defaultdict(int)
-    incl: dict[str, int] = defaultdict(int)
-    self_: dict[str, int] = defaultdict(int)
-    incl_thread: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    self_thread: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for s in c.p.oncpu:
-        tid = str(s.tid)
-        thread_total[tid] += s.count
-        if not s.frames:
-            continue
-        leaf = s.frames[-1]
-        self_[leaf] += s.count
-        self_thread[leaf][tid] += s.count
-        for f in set(s.frames):
-            incl[f] += s.count
-            incl_thread[f][tid] += s.count
+    thread_total, incl, self_ = counts.thread_samples, counts.total_samples, counts.self_samples
+    incl_thread, self_thread = counts.total_by_thread, counts.self_by_thread
 
     def cpu_s(n: int) -> float:
         # without a sampling rate, fall back to the share of samples
@@ -563,25 +459,25 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
 def _offcpu_findings(c: _Ctx) -> list[Finding]:
     t = c.t
     out: list[Finding] = []
-    for uaddr, waits in futex_groups(c.p).items():
-        nwaits = sum(w.waits for w in waits)
-        ns = sum(w.ns for w in waits)
+    for lk in locks(c.p):
+        if not lk.futex:
+            continue
+        uaddr, nwaits, ns = lk.futex, lk.waits, lk.wait_ns
         wait_s_per_s = ns / 1e9 / c.dur
         if nwaits <= 0 or wait_s_per_s * 1e3 < t.futex_info_ms_per_s:
             continue
-        per_thread: dict[str, dict[str, float]] = {}
-        sites: dict[str, int] = defaultdict(int)
-        for w in waits:
-            row = per_thread.setdefault(str(w.tid), {"waits_per_s": 0.0, "wait_ms_per_s": 0.0})
-            row["waits_per_s"] += w.waits / c.dur
-            row["wait_ms_per_s"] += w.ns / 1e6 / c.dur
-            sites[call_site(w.frames)] += w.ns
-        for row in per_thread.values():
-            row["wait_share"] = row["wait_ms_per_s"] / 1e3
+        per_thread = {
+            tid: {
+                "waits_per_s": w.waits / c.dur,
+                "wait_ms_per_s": w.wait_ns / 1e6 / c.dur,
+                "wait_share": w.wait_ns / 1e6 / c.dur / 1e3,
+            }
+            for tid, w in lk.by_thread.items()
+        }
         share = wait_s_per_s / max(len(per_thread), 1)
-        site_names = [s for s, _ in sorted(sites.items(), key=lambda kv: -kv[1])]
+        site_names = [s for s, _ in lk.sites]
         hot = next((h for s in site_names if (h := match_function(s))), None)
-        lock = futex_label(waits)
+        lock = lk.name
         out.append(
             Finding(
                 id=f"futex:{uaddr:#x}",

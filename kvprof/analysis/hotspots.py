@@ -207,6 +207,44 @@ def normalize(name: str) -> str:
     return name.strip()
 
 
+# Frames that are the lock machinery itself, skipped when naming a call site.
+LOCK_WRAPPERS = frozenset(
+    {
+        "kv_lock",
+        "kv_lock_contended",
+        "kv_trylock",
+        "pthread_mutex_lock",
+        "pthread_mutex_timedlock",
+        "pthread_mutex_trylock",
+        "pthread_rwlock_rdlock",
+        "pthread_rwlock_wrlock",
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "pthread_spin_lock",
+        "syscall",
+        "futex_wait",
+        "futex",
+    }
+)
+_INTERNAL = re.compile(r"^(_+(lll|pthread|GI|futex|libc)|lll_|.*\blib(c|pthread)[.-].*\+0x)")
+
+
+def is_wrapper(frame: str) -> bool:
+    """True for lock/futex plumbing and unsymbolized libc frames."""
+    if is_kernel(frame):
+        return True
+    n = normalize(frame)
+    return n in LOCK_WRAPPERS or bool(_INTERNAL.match(frame)) or bool(_INTERNAL.match(n))
+
+
+def call_site(frames: list[str]) -> str:
+    """The leaf-most frame of a root..leaf stack that is not lock plumbing or kernel."""
+    for frame in reversed(frames):
+        if not is_wrapper(frame):
+            return normalize(frame)
+    return normalize(frames[-1]) if frames else "?"
+
+
 def _matches(pattern: str, name: str) -> bool:
     if any(c in pattern for c in "*?["):
         return fnmatchcase(name, pattern)

@@ -39,6 +39,7 @@ from typing import Any
 
 from kvprof.collect import PROBES_DIR, CollectError
 from kvprof.collect.elf import ElfFile, ProbesError, UsdtProbe, read_probes
+from kvprof.model.histogram import hist_percentile, log2_slot  # noqa: F401 (the collectors' names for them)
 
 PROVIDER = "kvs"
 DEFAULT_PROBE_SAMPLE = 256  # kvcached's default --probe-sample
@@ -300,29 +301,3 @@ class KvsProgram:
                 self.bpf.cleanup()
             finally:
                 self.bpf = None
-
-
-def log2_slot(value: int) -> int:
-    """The log2 histogram bucket of `value`, as the BPF programs count it:
-    bucket i holds [2^i, 2^(i+1)), bucket 0 also holds 0 (kvcached's
-    `stats timings` convention)."""
-    return max(value.bit_length() - 1, 0)
-
-
-def hist_percentile(hist: list[int], q: float) -> int:
-    """The q-quantile (0..1) of a log2 histogram, interpolated geometrically
-    inside its bucket; 0 for an empty histogram."""
-    total = sum(hist)
-    if total == 0:
-        return 0
-    rank = q * total
-    seen = 0
-    for i, n in enumerate(hist):
-        if n and seen + n >= rank:
-            lo, hi = (0 if i == 0 else 1 << i), 1 << (i + 1)
-            frac = (rank - seen) / n
-            if lo == 0:
-                return int(hi * frac)
-            return int(lo * (hi / lo) ** frac)
-        seen += n
-    return 1 << len(hist)

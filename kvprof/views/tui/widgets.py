@@ -15,7 +15,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 from textual.widgets.data_table import RowDoesNotExist
 
-from kvprof.views.report import sample_rate
+from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate
 from kvprof.views.tui import data
 from kvprof.views.tui.data import Frame, num, pct
 
@@ -356,7 +356,7 @@ class LinesPanel(Panel):
     def show(self, frame: Frame, needle: str) -> None:
         self.frame = frame
         self.query_one(Note).say(self.note_for(frame))
-        rate = sample_rate(frame.recent, "atomic__sample") if frame.recent is not None else 1
+        rate = sample_rate(frame.recent, LINE_PROBE) if frame.recent is not None else 1
         head = "shared counters (kvs atomic__sample), last few seconds"
         if rate > 1:
             head += f"; sampled 1 in {rate}, rates scaled ×{rate}"
@@ -536,7 +536,7 @@ class RequestsPanel(Panel):
 
     def show(self, frame: Frame, needle: str) -> None:
         self.query_one(Note).say(self.note_for(frame))
-        rate = sample_rate(frame.total, "cmd__done") if frame.total is not None else 1
+        rate = sample_rate(frame.total, REQUEST_PROBE) if frame.total is not None else 1
         head = "server-side latency per opcode (kvs cmd probes), percentiles since start"
         if rate > 1:
             head += f"; 1 in {rate} requests sampled"
