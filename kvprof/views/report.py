@@ -169,19 +169,13 @@ def line_rows(profile: Profile) -> list[LineRow]:
 
 def thread_rows(profile: Profile) -> list[ThreadRow]:
     """Every thread, busiest first."""
-    return [
-        ThreadRow(
-            tid=th.tid,
-            name=th.name,
-            samples=th.samples,
-            cpu_share=cpu_share(profile, th.samples),
-            sockets=",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items())),
-            lock_wait_ms=th.lock_wait_ns / 1e6,
-            offcpu_ms=th.offcpu_ns / 1e6,
-            stack_quality=th.stack_quality,
-        )
-        for th in threads(profile)
-    ]
+    rows = []
+    for th in threads(profile):
+        share = cpu_share(profile, th.samples)
+        sockets = ",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items()))
+        lock_ms, off_ms = th.lock_wait_ns / 1e6, th.offcpu_ns / 1e6
+        rows.append(ThreadRow(th.tid, th.name, th.samples, share, sockets, lock_ms, off_ms, th.stack_quality))
+    return rows
 
 
 def request_rows(profile: Profile) -> list[RequestRow]:
@@ -317,12 +311,13 @@ def _header(profile: Profile) -> list[str]:
 
 
 # per-thread columns shown for each kind of finding: (key, header, scale)
+WAIT_COLUMNS = [
+    ("waits_per_s", "waits/s", 1.0),
+    ("wait_ms_per_s", "wait ms/s", 1.0),
+    ("wait_share", "% time", 100.0),
+]
 THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
-    "lock": [
-        ("waits_per_s", "waits/s", 1.0),
-        ("wait_ms_per_s", "wait ms/s", 1.0),
-        ("wait_share", "% time", 100.0),
-    ],
+    "lock": WAIT_COLUMNS,
     "cacheline": [
         ("updates_per_s", "updates/s", 1.0),
         ("transfers_per_s", "transfers/s", 1.0),
@@ -337,11 +332,7 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("share_of_thread", "% thread", 100.0),
         ("cpu_s_per_s", "CPU %", 100.0),
     ],
-    "futex": [
-        ("waits_per_s", "waits/s", 1.0),
-        ("wait_ms_per_s", "wait ms/s", 1.0),
-        ("wait_share", "% time", 100.0),
-    ],
+    "futex": WAIT_COLUMNS,
     "offcpu": [("offcpu_ms_per_s", "off-CPU ms/s", 1.0), ("wall_share", "% time", 100.0)],
 }
 
