@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kvprof.analysis.hotspots import (
     Hotspot,
@@ -125,6 +126,10 @@ class _Ctx:
     def named(self, tids: Iterable[str]) -> dict[str, str]:
         return {t: self.names.get(t, "") for t in tids}
 
+    def finding(self, per_thread: dict[str, dict[str, float]], **fields: Any) -> Finding:
+        """A finding whose per-thread rows carry the threads' names."""
+        return Finding(per_thread=per_thread, thread_names=self.named(per_thread), **fields)
+
 
 def _sev(value: float, critical: float, warning: float) -> str:
     if value >= critical:
@@ -136,6 +141,14 @@ def _sev(value: float, critical: float, warning: float) -> str:
 
 def _worst(*sevs: str) -> str:
     return min(sevs, key=lambda s: SEVERITY_RANK[s])
+
+
+def _words(hot: Hotspot | None, explanation: str, advice: str, note: str = "") -> dict[str, str]:
+    """A finding's explanation, advice and hotspot: the catalog's for a known spot, else
+    the generic words given; `note` ends the explanation."""
+    if hot is None:
+        return {"explanation": explanation + note, "advice": advice, "hotspot": ""}
+    return {"explanation": hot.explanation + note, "advice": hot.fix, "hotspot": hot.id}
 
 
 def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
@@ -176,32 +189,24 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
         )
         hot = match_lock(name) or next((h for s in site_names if (h := match_function(s))), None)
         where_site = f" in {site_names[0]}" if site_names else ""
-        explanation = (
-            hot.explanation
-            if hot
-            else (
-                f"Threads found the {name} lock held and had to wait for it. While a thread waits it "
-                "serves no request; the more threads share the lock, the more of the server's time "
-                "goes into queueing on it."
-            )
+        words = _words(
+            hot,
+            f"Threads found the {name} lock held and had to wait for it. While a thread waits it "
+            "serves no request; the more threads share the lock, the more of the server's time "
+            "goes into queueing on it.",
+            "Shorten the critical section, split the lock (per thread, per shard), or replace "
+            "the shared data it protects with per-thread copies merged on read.",
+            f" (Lock waits were sampled 1 in {rate}; the counts are scaled by {rate}.)" if rate > 1 else "",
         )
-        advice = (
-            hot.fix
-            if hot
-            else (
-                "Shorten the critical section, split the lock (per thread, per shard), or replace "
-                "the shared data it protects with per-thread copies merged on read."
-            )
-        )
-        if rate > 1:
-            explanation += f" (Lock waits were sampled 1 in {rate}; the counts are scaled by {rate}.)"
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"lock:{name}",
                 title=f"{name} lock contended{where_site}",
                 category="lock",
                 severity=severity,
                 where=name,
+                sites=site_names,
                 cost={
                     "waits": float(waits),
                     "waits_per_s": waits / c.dur,
@@ -212,13 +217,8 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
                     "sample_rate": float(rate),
                     "est_s_per_s": wait_s_per_s,
                 },
-                per_thread=per_thread,
                 per_socket=per_socket,
-                explanation=explanation,
-                advice=advice,
-                hotspot=hot.id if hot else "",
-                sites=site_names,
-                thread_names=c.named(per_thread),
+                **words,
             )
         )
     return out
@@ -265,40 +265,36 @@ def _line_findings(c: _Ctx) -> list[Finding]:
                 continue
             severity = "info"
         hot = match_site(site) or match_function(site)
+        note = (
+            f" (kvs:atomic__sample fires for 1 update in {rate}; updates and transfers are scaled by {rate}.)"
+            if rate > 1
+            else ""
+        )
         if shared:
             title = f"cache line bouncing at {site}"
-            explanation = (
-                hot.explanation
-                if hot
-                else (
-                    f"The counter updated at {site} sits on a cache line that several threads write. "
-                    "Each write by a different core moves the line there first, and the writer stalls "
-                    "for that round trip; across sockets it takes several times longer."
-                )
-            )
-            advice = (
-                hot.fix
-                if hot
-                else (
-                    "Give each thread its own copy (padded to a cache line) and sum the copies on "
-                    "read, or batch updates locally and publish them periodically."
-                )
+            words = _words(
+                hot,
+                f"The counter updated at {site} sits on a cache line that several threads write. "
+                "Each write by a different core moves the line there first, and the writer stalls "
+                "for that round trip; across sockets it takes several times longer.",
+                "Give each thread its own copy (padded to a cache line) and sum the copies on "
+                "read, or batch updates locally and publish them periodically.",
+                note,
             )
         else:
             title = f"per-thread counter at {site} (not shared)"
-            explanation = (
+            words = _words(
+                None,
                 f"Every cache line sampled at {site} is written by one thread only, so it does "
                 "not bounce between threads; the transfers counted are that thread moving to "
-                "another CPU. This is the fixed design working."
+                "another CPU. This is the fixed design working.",
+                "Nothing to do here; pinning threads to CPUs would remove the remaining moves.",
+                note,
             )
-            advice = "Nothing to do here; pinning threads to CPUs would remove the remaining moves."
-        if rate > 1:
-            explanation += (
-                f" (kvs:atomic__sample fires for 1 update in {rate}; updates and transfers are "
-                f"scaled by {rate}.)"
-            )
+            words["hotspot"] = hot.id if hot else ""
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"cacheline:{site}",
                 title=title,
                 category="cacheline",
@@ -317,13 +313,9 @@ def _line_findings(c: _Ctx) -> list[Finding]:
                     "sample_rate": float(rate),
                     "est_s_per_s": est,
                 },
-                per_thread=per_thread,
                 per_socket=per_socket,
-                explanation=explanation,
-                advice=advice,
-                hotspot=hot.id if hot else "",
                 sites=[site],
-                thread_names=c.named(per_thread),
+                **words,
             )
         )
     return out
@@ -385,7 +377,8 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                 tcounts[tid] += k
         per_thread = thread_rows(tcounts)
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"cpu:{fn}",
                 title=f"{fn}: {hot.title}",
                 category="cpu",
@@ -399,13 +392,11 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "cpu_s_per_s": cpu_s(n),
                     "est_s_per_s": cpu_s(n),
                 },
-                per_thread=per_thread,
                 per_socket=socket_rows(tcounts),
                 explanation=hot.explanation,
                 advice=hot.fix,
                 hotspot=hot.id,
                 sites=[fn],
-                thread_names=c.named(per_thread),
             )
         )
     generic = 0
@@ -419,7 +410,8 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
         share = n / total
         per_thread = thread_rows(self_thread[leaf])
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"cpu:{normalize(leaf)}",
                 title=f"hot function {fn}",
                 category="cpu",
@@ -435,7 +427,6 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "cpu_s_per_s": cpu_s(n),
                     "est_s_per_s": cpu_s(n),
                 },
-                per_thread=per_thread,
                 per_socket=socket_rows(self_thread[leaf]),
                 explanation=(
                     f"{fn} itself (not its callees) was running in {share:.0%} of the CPU samples. "
@@ -447,7 +438,6 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "do less of it per request, batch it, or make it cheaper."
                 ),
                 sites=[normalize(leaf)],
-                thread_names=c.named(per_thread),
             )
         )
     return out
@@ -479,7 +469,8 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         hot = next((h for s in site_names if (h := match_function(s))), None)
         lock = lk.name
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"futex:{uaddr:#x}",
                 title=f"{lock} contended" + (f" in {site_names[0]}" if site_names else ""),
                 category="offcpu",
@@ -495,22 +486,14 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
                     "threads": float(len(per_thread)),
                     "est_s_per_s": wait_s_per_s,
                 },
-                per_thread=per_thread,
-                explanation=hot.explanation
-                if hot
-                else (
-                    "Threads slept in the kernel waiting on this futex: a contended mutex, or a "
-                    "condition variable or semaphore they were waiting on. The stack shows which."
-                ),
-                advice=hot.fix
-                if hot
-                else (
-                    "If it is a mutex, shorten or split its critical section or make the data "
-                    "per-thread; if it is a condition variable, check that the waiting is by design."
-                ),
-                hotspot=hot.id if hot else "",
                 sites=site_names,
-                thread_names=c.named(per_thread),
+                **_words(
+                    hot,
+                    "Threads slept in the kernel waiting on this futex: a contended mutex, or a "
+                    "condition variable or semaphore they were waiting on. The stack shows which.",
+                    "If it is a mutex, shorten or split its critical section or make the data "
+                    "per-thread; if it is a condition variable, check that the waiting is by design.",
+                ),
             )
         )
     # blocking off-CPU time per wait point, idle waits excluded
@@ -530,7 +513,8 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         total_s = sum(by_tid.values()) / 1e9 / c.dur
         heavy = [tid for tid, r in per_thread.items() if r["wall_share"] >= t.offcpu_info_share]
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
                 id=f"offcpu:{point}",
                 title=f"threads blocked off-CPU in {point}",
                 category="offcpu",
@@ -542,7 +526,6 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
                     "threads": float(len(by_tid)),
                     "est_s_per_s": total_s,
                 },
-                per_thread=per_thread,
                 explanation=(
                     f"{_fmt_tids(heavy, c.names)} spent up to {worst:.0%} of the recording off-CPU "
                     f"in {point}, not waiting for work (idle waits such as epoll_wait are left out) "
@@ -553,7 +536,6 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
                     "what the thread waited for; move blocking work off the request path."
                 ),
                 sites=[point],
-                thread_names=c.named(per_thread),
             )
         )
     return out
