@@ -275,16 +275,15 @@ def pct(x: float) -> str:
     return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
 
 
+# (from, unit, format) for num(): the first step x reaches
+NUM_STEPS = ((1e6, 1e6, "{:.2f}M"), (1e4, 1e3, "{:.0f}k"), (100, 1, "{:,.0f}"), (10, 1, "{:.1f}"))
+
+
 def num(x: float) -> str:
     """A count or rate in a few characters: 0.47, 12.3, 5,020, 12k, 1.25M."""
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e4:
-        return f"{x / 1e3:.0f}k"
-    if x >= 100:
-        return f"{x:,.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
+    step = next((st for st in NUM_STEPS if x >= st[0]), None)
+    if step is not None:
+        return step[2].format(x / step[1])
     return f"{x:.2f}" if x else "0"
 
 
