@@ -120,6 +120,7 @@ class Lock:
     by_thread: dict[str, Waits]  # tid -> its waits, scaled
     sites: list[tuple[str, Waits]]  # call site -> its waits, most waiting first
     hist_log2_ns: list[int]  # the waits' lengths (kvs locks; empty for a futex)
+    p99_ns: int | None  # from the histogram; None without one
     rate: int  # the lock probe's 1 in N
 
 
@@ -171,6 +172,7 @@ def locks(p: Profile) -> list[Lock]:
                 by_thread=threads,
                 sites=_ranked(sites),
                 hist_log2_ns=hist,
+                p99_ns=hist_percentile(hist, 0.99) if sum(hist) else None,
                 rate=rate,
             )
         )
@@ -191,6 +193,7 @@ def locks(p: Profile) -> list[Lock]:
                 by_thread=fthreads,
                 sites=_ranked(fsites),
                 hist_log2_ns=[],
+                p99_ns=None,
                 rate=1,
             )
         )

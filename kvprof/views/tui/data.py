@@ -28,7 +28,6 @@ from kvprof.analysis.lines import kind, line_table
 from kvprof.analysis.tables import by_wait, functions, locks, requests, sites, socket_matrix, threads
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.delta import delta
-from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Finding, Profile, Window
 
 RECENT_SAMPLES = 5  # intervals the findings and rate tables look back over
@@ -445,14 +444,13 @@ def lock_rows(frame: Frame) -> list[LockRow]:
     names = {t: th.name for t, th in p.threads.items()}
     out = []
     for lk in by_wait(locks(p)):
-        hist = lk.hist_log2_ns
         out.append(
             LockRow(
                 lock=lk.name,
                 site="",
                 waits_per_s=_rate(lk.waits, p),
                 wait_ms_per_s=_rate(lk.wait_ns / 1e6, p),
-                p99_ms=hist_percentile(hist, 0.99) / 1e6 if sum(hist) else None,
+                p99_ms=None if lk.p99_ns is None else lk.p99_ns / 1e6,
                 split=_split({t: w.wait_ns for t, w in lk.by_thread.items()}, names),
             )
         )
