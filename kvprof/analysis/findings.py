@@ -126,9 +126,14 @@ class _Ctx:
     def named(self, tids: Iterable[str]) -> dict[str, str]:
         return {t: self.names.get(t, "") for t in tids}
 
-    def finding(self, per_thread: dict[str, dict[str, float]], **fields: Any) -> Finding:
-        """A finding whose per-thread rows carry the threads' names."""
-        return Finding(per_thread=per_thread, thread_names=self.named(per_thread), **fields)
+    def finding(
+        self, per_thread: dict[str, dict[str, float]], category: str, where: str, **fields: Any
+    ) -> Finding:
+        """A finding whose per-thread rows carry the threads' names; its id is
+        `category:where` unless given."""
+        fields.setdefault("id", f"{category}:{where}")
+        names = self.named(per_thread)
+        return Finding(category=category, where=where, per_thread=per_thread, thread_names=names, **fields)
 
 
 def _sev(value: float, critical: float, warning: float) -> str:
@@ -149,6 +154,16 @@ def _words(hot: Hotspot | None, explanation: str, advice: str, note: str = "") -
     if hot is None:
         return {"explanation": explanation + note, "advice": advice, "hotspot": ""}
     return {"explanation": hot.explanation + note, "advice": hot.fix, "hotspot": hot.id}
+
+
+def _wait_cost(c: _Ctx, waits: int, wait_s_per_s: float, share: float) -> dict[str, float]:
+    """The cost of waiting on a lock or futex: how often, how long, what share of the waiters' time."""
+    return {
+        "waits": float(waits),
+        "waits_per_s": waits / c.dur,
+        "wait_ms_per_s": wait_s_per_s * 1e3,
+        "wait_share": share,
+    }
 
 
 def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
@@ -201,17 +216,13 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
-                id=f"lock:{name}",
+                "lock",
+                name,
                 title=f"{name} lock contended{where_site}",
-                category="lock",
                 severity=severity,
-                where=name,
                 sites=site_names,
                 cost={
-                    "waits": float(waits),
-                    "waits_per_s": waits / c.dur,
-                    "wait_ms_per_s": wait_s_per_s * 1e3,
-                    "wait_share": share,
+                    **_wait_cost(c, waits, wait_s_per_s, share),
                     "max_ms": (lk.max_ns or 0) / 1e6,
                     "threads": float(len(per_thread)),
                     "sample_rate": float(rate),
@@ -295,11 +306,10 @@ def _line_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
-                id=f"cacheline:{site}",
+                "cacheline",
+                site,
                 title=title,
-                category="cacheline",
                 severity=severity,
-                where=site,
                 cost={
                     "updates_per_s": st.updates / c.dur,
                     "transfers_per_s": transfers_per_s,
@@ -379,11 +389,10 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
-                id=f"cpu:{fn}",
+                "cpu",
+                fn,
                 title=f"{fn}: {hot.title}",
-                category="cpu",
                 severity=_sev(share, t.hotspot_cpu_critical, t.hotspot_cpu_warning),
-                where=fn,
                 cost={
                     "samples": float(n),
                     "self_samples": float(ns),
@@ -412,13 +421,12 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
-                id=f"cpu:{normalize(leaf)}",
+                "cpu",
+                normalize(leaf),
                 title=f"hot function {fn}",
-                category="cpu",
                 # kernel time in a network server is mostly per-request syscalls: a lead
                 # (batch the requests), not a defect, so it stays info
                 severity="warning" if share >= t.hot_function_warning and not is_kernel(leaf) else "info",
-                where=normalize(leaf),
                 cost={
                     "samples": float(incl[leaf]),
                     "self_samples": float(n),
@@ -471,18 +479,15 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
+                "offcpu",
+                # the caller of pthread_mutex_lock & co. (the first frame outside libc), as a kvs lock's
+                site_names[0] if site_names else lock,
                 id=f"futex:{uaddr:#x}",
                 title=f"{lock} contended" + (f" in {site_names[0]}" if site_names else ""),
-                category="offcpu",
                 severity=_sev(share, t.futex_critical_share, t.futex_warning_share),
-                # the caller of pthread_mutex_lock & co. (the first frame outside libc), as a kvs lock's
-                where=site_names[0] if site_names else lock,
                 lock=lock,
                 cost={
-                    "waits": float(nwaits),
-                    "waits_per_s": nwaits / c.dur,
-                    "wait_ms_per_s": wait_s_per_s * 1e3,
-                    "wait_share": share,
+                    **_wait_cost(c, nwaits, wait_s_per_s, share),
                     "threads": float(len(per_thread)),
                     "est_s_per_s": wait_s_per_s,
                 },
@@ -515,11 +520,10 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         out.append(
             c.finding(
                 per_thread,
-                id=f"offcpu:{point}",
+                "offcpu",
+                point,
                 title=f"threads blocked off-CPU in {point}",
-                category="offcpu",
                 severity="warning" if worst >= t.offcpu_warning_share else "info",
-                where=point,
                 cost={
                     "offcpu_ms_per_s": total_s * 1e3,
                     "max_wall_share": worst,
