@@ -342,21 +342,12 @@ def cost_line(f: Finding) -> str:
 
 
 def finding_rows(frame: Frame) -> list[FindingRow]:
-    return [
-        FindingRow(
-            id=f.id,
-            severity=f.severity,
-            category=f.category,
-            where=f.where,
-            title=f.title,
-            cost=cost_line(f),
-            hotspot=bool(f.hotspot),
-            summary=summary(f),
-            explanation=f.explanation,
-            advice=f.advice,
-        )
-        for f in frame.findings
-    ]
+    """The findings of the recent window, in rank order, with their cost in one line."""
+    out = []
+    for f in frame.findings:
+        named = (f.id, f.severity, f.category, f.where, f.title)
+        out.append(FindingRow(*named, cost_line(f), bool(f.hotspot), summary(f), f.explanation, f.advice))
+    return out
 
 
 @dataclass(frozen=True)
