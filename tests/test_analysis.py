@@ -13,7 +13,8 @@ import pytest
 from support import DURATION, RATE, W0, W1, baseline_profile, fixed_profile
 
 from kvprof.analysis import CATALOG, Thresholds, find, match_function, match_lock, match_site
-from kvprof.analysis.findings import call_site, rank_key, summary
+from kvprof.analysis.findings import rank_key, summary
+from kvprof.analysis.hotspots import call_site
 from kvprof.model.profile import (
     CpuStack,
     FutexWait,
@@ -276,3 +277,42 @@ def test_summary_is_plain_sentences() -> None:
     for f in find(baseline_profile()):
         s = summary(f)
         assert s.endswith(".") and any(ch.isdigit() for ch in s), s
+
+
+def test_one_percentile_on_every_path() -> None:
+    """A request's p99 is the same number whether it came from the collector, a window
+    cut by model.delta, or the tables: interpolated inside its log2 slot, not the slot's edge."""
+    from kvprof.analysis.tables import requests
+    from kvprof.model.delta import delta
+    from kvprof.model.histogram import hist_percentile
+
+    hist = [0] * 11 + [900, 100]  # 900 requests in [2048, 4096) ns, 100 in [4096, 8192)
+    before = Profile(target=Target(pid=1), requests={"get": RequestStat()})
+    after = Profile(target=Target(pid=1), requests={"get": RequestStat(1000, hist, 0, 0)})
+    window = delta(after, before).requests["get"]
+    p50, p99 = hist_percentile(hist, 0.5), hist_percentile(hist, 0.99)
+    assert 2048 < p50 < 4095 and 4096 < p99 < 8191  # inside the slot, not its upper edge
+    assert (window.p50_ns, window.p99_ns) == (p50, p99)
+    row = requests(after)[0]
+    assert (row.p50_ns, row.p99_ns) == (p50, p99)
+    # a profile whose stored numbers disagree with its histogram: the histogram wins
+    after.requests["get"].p99_ns = 8191
+    assert requests(after)[0].p99_ns == p99
+
+
+def test_sampled_probes_scaled_once() -> None:
+    """The tables scale kvs:atomic__sample and kvs:cmd__done by the recorded 1 in N, and
+    the report, the findings and the tables agree on the result."""
+    from kvprof.analysis.tables import cachelines, requests, sites
+    from kvprof.views.report import line_rows
+
+    p = baseline_profile()
+    site = next(s for s in sites(p) if s.site == "on_create_item")
+    assert site.rate == RATE and site.updates == site.samples * RATE
+    assert sum(t.updates for t in site.by_thread.values()) == site.updates
+    f = _by_id(find(p), "cacheline:on_create_item")
+    assert f.cost["updates_per_s"] == pytest.approx(site.updates / DURATION)
+    rows = [r for r in line_rows(p) if r.site == "on_create_item"]
+    lines = [cl for cl in cachelines(p) if cl.site == "on_create_item"]
+    assert sum(r.updates_per_s for r in rows) == pytest.approx(sum(cl.updates for cl in lines) / DURATION)
+    assert requests(p)[0].count == requests(p)[0].samples * RATE

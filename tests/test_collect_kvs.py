@@ -21,7 +21,8 @@ from kvprof.collect import CollectOptions
 from kvprof.collect.cachelines import CachelinesCollector, classify_transfers
 from kvprof.collect.locks import LocksCollector
 from kvprof.collect.requests import RequestsCollector, opcode_names
-from kvprof.collect.usdt import hist_percentile, log2_slot, probe_sample
+from kvprof.collect.usdt import probe_sample
+from kvprof.model.histogram import hist_percentile, log2_slot
 from kvprof.model.profile import CacheLineStat, Profile, Target
 from kvprof.model.topology import Topology
 from kvprof.system.servers import Server, kvload_binary

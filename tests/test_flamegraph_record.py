@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support import SvgDoc, SvgFrame, kvload, kvprof, read_svg, record
 
-from kvprof.analysis.findings import is_wrapper
+from kvprof.analysis.hotspots import is_wrapper
 from kvprof.export.diff import SAME_BELOW
 from kvprof.export.frames import HOTSPOT
 from kvprof.export.svg import frame_colour

@@ -16,14 +16,15 @@ scaled unless a rate is recorded for them.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kvprof.analysis.hotspots import (
     Hotspot,
     by_id,
+    call_site,
     is_kernel,
     match_function,
     match_lock,
@@ -31,7 +32,8 @@ from kvprof.analysis.hotspots import (
     normalize,
 )
 from kvprof.analysis.lines import line_findings
-from kvprof.model.profile import Finding, FutexWait, Profile
+from kvprof.analysis.tables import functions, locks, seconds, sites
+from kvprof.model.profile import Finding, Profile
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -71,27 +73,6 @@ class Thresholds:
 
 THRESHOLDS = Thresholds()
 
-# Frames that are the lock machinery itself, skipped when naming a call site.
-LOCK_WRAPPERS = frozenset(
-    {
-        "kv_lock",
-        "kv_lock_contended",
-        "kv_trylock",
-        "pthread_mutex_lock",
-        "pthread_mutex_timedlock",
-        "pthread_mutex_trylock",
-        "pthread_rwlock_rdlock",
-        "pthread_rwlock_wrlock",
-        "pthread_cond_wait",
-        "pthread_cond_timedwait",
-        "pthread_spin_lock",
-        "syscall",
-        "futex_wait",
-        "futex",
-    }
-)
-_INTERNAL = re.compile(r"^(_+(lll|pthread|GI|futex|libc)|lll_|.*\blib(c|pthread)[.-].*\+0x)")
-
 # Off-CPU waits that mean "nothing to do", not "blocked": leaf-most user frames.
 IDLE_WAITS = frozenset(
     {
@@ -123,57 +104,18 @@ IDLE_WAITS = frozenset(
 )
 
 
-def is_wrapper(frame: str) -> bool:
-    """True for lock/futex plumbing and unsymbolized libc frames."""
-    if is_kernel(frame):
-        return True
-    n = normalize(frame)
-    return n in LOCK_WRAPPERS or bool(_INTERNAL.match(frame)) or bool(_INTERNAL.match(n))
-
-
-def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
-    """Futex waits by futex word, without the kvs-probed locks: those (glibc's
-    mutex word sits at their start) are lock findings with better numbers."""
-    lock_addrs = [lk.address for lk in p.locks if lk.address]
-    out: dict[int, list[FutexWait]] = defaultdict(list)
-    for fw in p.offcpu.futex:
-        if not any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
-            out[fw.uaddr].append(fw)
-    return out
-
-
-def futex_label(waits: list[FutexWait]) -> str:
-    """What to call the futex of these waits: its data symbol or region, else its address."""
-    return next((w.name for w in waits if w.name), f"futex {waits[0].uaddr:#x}" if waits else "futex")
-
-
-def call_site(frames: list[str]) -> str:
-    """The leaf-most frame of a root..leaf stack that is not lock plumbing or kernel."""
-    for frame in reversed(frames):
-        if not is_wrapper(frame):
-            return normalize(frame)
-    return normalize(frames[-1]) if frames else "?"
-
-
 def _is_idle(frames: list[str]) -> bool:
     return any(normalize(f) in IDLE_WAITS for f in frames)
 
 
 class _Ctx:
-    """What every rule needs: the window, thread names and sockets, sample rates."""
+    """What every rule needs: the window, thread names and sockets."""
 
     def __init__(self, profile: Profile, t: Thresholds) -> None:
         self.p = profile
         self.t = t
-        self.dur = profile.window.duration_s if profile.window.duration_s > 0 else 1.0
+        self.dur = seconds(profile)
         self.names = {tid: th.name for tid, th in profile.threads.items()}
-
-    def rate(self, probe: str) -> int:
-        rates = self.p.status.sample_rates
-        for key in (probe, f"kvs:{probe}", f"kvs__{probe}"):
-            if rates.get(key, 0) > 0:
-                return int(rates[key])
-        return 1
 
     def socket_of(self, tid: str) -> str:
         th = self.p.threads.get(tid)
@@ -183,6 +125,15 @@ class _Ctx:
 
     def named(self, tids: Iterable[str]) -> dict[str, str]:
         return {t: self.names.get(t, "") for t in tids}
+
+    def finding(
+        self, per_thread: dict[str, dict[str, float]], category: str, where: str, **fields: Any
+    ) -> Finding:
+        """A finding whose per-thread rows carry the threads' names; its id is
+        `category:where` unless given."""
+        fields.setdefault("id", f"{category}:{where}")
+        names = self.named(per_thread)
+        return Finding(category=category, where=where, per_thread=per_thread, thread_names=names, **fields)
 
 
 def _sev(value: float, critical: float, warning: float) -> str:
@@ -197,6 +148,24 @@ def _worst(*sevs: str) -> str:
     return min(sevs, key=lambda s: SEVERITY_RANK[s])
 
 
+def _words(hot: Hotspot | None, explanation: str, advice: str, note: str = "") -> dict[str, str]:
+    """A finding's explanation, advice and hotspot: the catalog's for a known spot, else
+    the generic words given; `note` ends the explanation."""
+    if hot is None:
+        return {"explanation": explanation + note, "advice": advice, "hotspot": ""}
+    return {"explanation": hot.explanation + note, "advice": hot.fix, "hotspot": hot.id}
+
+
+def _wait_cost(c: _Ctx, waits: int, wait_s_per_s: float, share: float) -> dict[str, float]:
+    """The cost of waiting on a lock or futex: how often, how long, what share of the waiters' time."""
+    return {
+        "waits": float(waits),
+        "waits_per_s": waits / c.dur,
+        "wait_ms_per_s": wait_s_per_s * 1e3,
+        "wait_share": share,
+    }
+
+
 def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
     parts = [f"{names[t]} ({t})" if names.get(t) else f"tid {t}" for t in tids]
     return ", ".join(parts)
@@ -206,28 +175,15 @@ def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
 
 
 def _lock_findings(c: _Ctx) -> list[Finding]:
-    rate = c.rate("lock__wait__done")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, lk in enumerate(c.p.locks):
-        groups[lk.name].append(i)
     out: list[Finding] = []
-    for name, idx in groups.items():
-        locks = [c.p.locks[i] for i in idx]
-        waits = sum(lk.waits for lk in locks) * rate
-        wait_ns = sum(lk.wait_ns for lk in locks) * rate
-        if waits <= 0:
+    for lk in locks(c.p):
+        if lk.futex or lk.waits <= 0:
             continue
-        per_thread: dict[str, dict[str, float]] = {}
-        for lk in locks:
-            for tid, tw in lk.by_thread.items():
-                row = per_thread.setdefault(tid, {"waits": 0.0, "wait_ns": 0.0})
-                row["waits"] += tw.waits * rate
-                row["wait_ns"] += tw.wait_ns * rate
-        sites: dict[str, int] = defaultdict(int)
-        for lk in locks:
-            for st in lk.stacks:
-                sites[call_site(st.frames)] += st.wait_ns
-        site_names = [s for s, _ in sorted(sites.items(), key=lambda kv: -kv[1])]
+        name, rate, waits, wait_ns = lk.name, lk.rate, lk.waits, lk.wait_ns
+        per_thread = {
+            t: {"waits": float(w.waits), "wait_ns": float(w.wait_ns)} for t, w in lk.by_thread.items()
+        }
+        site_names = [s for s, _ in lk.sites]
         nthreads = max(len(per_thread), 1)
         wait_s_per_s = wait_ns / 1e9 / c.dur
         share = wait_s_per_s / nthreads
@@ -248,49 +204,32 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
         )
         hot = match_lock(name) or next((h for s in site_names if (h := match_function(s))), None)
         where_site = f" in {site_names[0]}" if site_names else ""
-        explanation = (
-            hot.explanation
-            if hot
-            else (
-                f"Threads found the {name} lock held and had to wait for it. While a thread waits it "
-                "serves no request; the more threads share the lock, the more of the server's time "
-                "goes into queueing on it."
-            )
+        words = _words(
+            hot,
+            f"Threads found the {name} lock held and had to wait for it. While a thread waits it "
+            "serves no request; the more threads share the lock, the more of the server's time "
+            "goes into queueing on it.",
+            "Shorten the critical section, split the lock (per thread, per shard), or replace "
+            "the shared data it protects with per-thread copies merged on read.",
+            f" (Lock waits were sampled 1 in {rate}; the counts are scaled by {rate}.)" if rate > 1 else "",
         )
-        advice = (
-            hot.fix
-            if hot
-            else (
-                "Shorten the critical section, split the lock (per thread, per shard), or replace "
-                "the shared data it protects with per-thread copies merged on read."
-            )
-        )
-        if rate > 1:
-            explanation += f" (Lock waits were sampled 1 in {rate}; the counts are scaled by {rate}.)"
         out.append(
-            Finding(
-                id=f"lock:{name}",
+            c.finding(
+                per_thread,
+                "lock",
+                name,
                 title=f"{name} lock contended{where_site}",
-                category="lock",
                 severity=severity,
-                where=name,
+                sites=site_names,
                 cost={
-                    "waits": float(waits),
-                    "waits_per_s": waits / c.dur,
-                    "wait_ms_per_s": wait_s_per_s * 1e3,
-                    "wait_share": share,
-                    "max_ms": max(lk.max_ns for lk in locks) / 1e6,
+                    **_wait_cost(c, waits, wait_s_per_s, share),
+                    "max_ms": (lk.max_ns or 0) / 1e6,
                     "threads": float(len(per_thread)),
                     "sample_rate": float(rate),
                     "est_s_per_s": wait_s_per_s,
                 },
-                per_thread=per_thread,
                 per_socket=per_socket,
-                explanation=explanation,
-                advice=advice,
-                hotspot=hot.id if hot else "",
-                sites=site_names,
-                thread_names=c.named(per_thread),
+                **words,
             )
         )
     return out
@@ -300,49 +239,30 @@ def _lock_findings(c: _Ctx) -> list[Finding]:
 
 
 def _line_findings(c: _Ctx) -> list[Finding]:
-    rate = c.rate("atomic__sample")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, cl in enumerate(c.p.cachelines):
-        groups[cl.site].append(i)
     out: list[Finding] = []
     t = c.t
-    for site, idx in groups.items():
-        lines = [c.p.cachelines[i] for i in idx]
-        samples = sum(cl.samples for cl in lines)
-        if samples <= 0:
-            continue
-        transfers = sum(cl.transfers for cl in lines) * rate
-        cross = sum(cl.cross_socket_transfers for cl in lines) * rate
-        cycles_mean = sum(cl.cycles_mean * cl.samples for cl in lines) / samples
+    for st in sites(c.p):
+        site, rate = st.site, st.rate
+        transfers, cross, cycles_mean = st.transfers, st.cross_socket, st.cycles_mean
         # A line written by one thread only is per-thread data: its "transfers" are that
         # thread moving between CPUs, not sharing. Unknown writers count as shared.
-        writers = max((len([1 for v in cl.by_thread.values() if v.samples > 0]) for cl in lines), default=0)
-        shared = writers != 1
-        per_thread: dict[str, dict[str, float]] = {}
-        tcycles: dict[str, float] = defaultdict(float)
-        for cl in lines:
-            for tid, lt in cl.by_thread.items():
-                row = per_thread.setdefault(tid, {"updates_per_s": 0.0, "transfers_per_s": 0.0})
-                row["updates_per_s"] += lt.samples * rate / c.dur
-                row["transfers_per_s"] += lt.transfers * rate / c.dur
-                tcycles[tid] += lt.cycles_mean * lt.samples
-        for tid, row in per_thread.items():
-            n = row["updates_per_s"] * c.dur / rate
-            row["cycles_mean"] = tcycles[tid] / n if n else 0.0
+        shared = st.writers != 1
+        per_thread = {
+            tid: {
+                "updates_per_s": lt.updates / c.dur,
+                "transfers_per_s": lt.transfers / c.dur,
+                "cycles_mean": lt.cycles_mean,
+            }
+            for tid, lt in st.by_thread.items()
+        }
         per_socket: dict[str, dict[str, float]] = {}
-        for cl in lines:
-            for i, rowm in enumerate(cl.socket_matrix):
-                for j, v in enumerate(rowm):
-                    if not v:
-                        continue
-                    src = per_socket.setdefault(
-                        str(i), {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0}
-                    )
-                    dst = per_socket.setdefault(
-                        str(j), {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0}
-                    )
-                    src["transfers_out_per_s"] += v * rate / c.dur
-                    dst["transfers_in_per_s"] += v * rate / c.dur
+        for i, rowm in enumerate(st.socket_matrix):
+            for j, v in enumerate(rowm):
+                if not v:
+                    continue
+                for sock, key in ((str(i), "transfers_out_per_s"), (str(j), "transfers_in_per_s")):
+                    ps = per_socket.setdefault(sock, {"transfers_out_per_s": 0.0, "transfers_in_per_s": 0.0})
+                    ps[key] += v / c.dur
         transfers_per_s = transfers / c.dur
         cross_per_s = cross / c.dur
         weighted = transfers_per_s - cross_per_s + t.cross_socket_weight * cross_per_s
@@ -356,65 +276,56 @@ def _line_findings(c: _Ctx) -> list[Finding]:
                 continue
             severity = "info"
         hot = match_site(site) or match_function(site)
+        note = (
+            f" (kvs:atomic__sample fires for 1 update in {rate}; updates and transfers are scaled by {rate}.)"
+            if rate > 1
+            else ""
+        )
         if shared:
             title = f"cache line bouncing at {site}"
-            explanation = (
-                hot.explanation
-                if hot
-                else (
-                    f"The counter updated at {site} sits on a cache line that several threads write. "
-                    "Each write by a different core moves the line there first, and the writer stalls "
-                    "for that round trip; across sockets it takes several times longer."
-                )
-            )
-            advice = (
-                hot.fix
-                if hot
-                else (
-                    "Give each thread its own copy (padded to a cache line) and sum the copies on "
-                    "read, or batch updates locally and publish them periodically."
-                )
+            words = _words(
+                hot,
+                f"The counter updated at {site} sits on a cache line that several threads write. "
+                "Each write by a different core moves the line there first, and the writer stalls "
+                "for that round trip; across sockets it takes several times longer.",
+                "Give each thread its own copy (padded to a cache line) and sum the copies on "
+                "read, or batch updates locally and publish them periodically.",
+                note,
             )
         else:
             title = f"per-thread counter at {site} (not shared)"
-            explanation = (
+            words = _words(
+                None,
                 f"Every cache line sampled at {site} is written by one thread only, so it does "
                 "not bounce between threads; the transfers counted are that thread moving to "
-                "another CPU. This is the fixed design working."
+                "another CPU. This is the fixed design working.",
+                "Nothing to do here; pinning threads to CPUs would remove the remaining moves.",
+                note,
             )
-            advice = "Nothing to do here; pinning threads to CPUs would remove the remaining moves."
-        if rate > 1:
-            explanation += (
-                f" (kvs:atomic__sample fires for 1 update in {rate}; updates and transfers are "
-                f"scaled by {rate}.)"
-            )
+            words["hotspot"] = hot.id if hot else ""
         out.append(
-            Finding(
-                id=f"cacheline:{site}",
+            c.finding(
+                per_thread,
+                "cacheline",
+                site,
                 title=title,
-                category="cacheline",
                 severity=severity,
-                where=site,
                 cost={
-                    "updates_per_s": samples * rate / c.dur,
+                    "updates_per_s": st.updates / c.dur,
                     "transfers_per_s": transfers_per_s,
                     "cross_socket_per_s": cross_per_s,
                     "cross_socket_share": cross / transfers if transfers else 0.0,
-                    "transfer_share": transfers / (samples * rate),
+                    "transfer_share": transfers / st.updates,
                     "cycles_mean": cycles_mean,
-                    "cycles_max": float(max(cl.cycles_max for cl in lines)),
-                    "lines": float(len(lines)),
-                    "writers": float(writers),
+                    "cycles_max": float(st.cycles_max),
+                    "lines": float(len(st.lines)),
+                    "writers": float(st.writers),
                     "sample_rate": float(rate),
                     "est_s_per_s": est,
                 },
-                per_thread=per_thread,
                 per_socket=per_socket,
-                explanation=explanation,
-                advice=advice,
-                hotspot=hot.id if hot else "",
                 sites=[site],
-                thread_names=c.named(per_thread),
+                **words,
             )
         )
     return out
@@ -425,25 +336,12 @@ def _line_findings(c: _Ctx) -> list[Finding]:
 
 def _cpu_findings(c: _Ctx) -> list[Finding]:
     t = c.t
-    total = sum(s.count for s in c.p.oncpu)
+    counts = functions(c.p)
+    total = counts.samples
     if total <= 0:
         return []
-    thread_total: dict[str, int] = defaultdict(int)
-    incl: dict[str, int] = defaultdict(int)
-    self_: dict[str, int] = defaultdict(int)
-    incl_thread: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    self_thread: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for s in c.p.oncpu:
-        tid = str(s.tid)
-        thread_total[tid] += s.count
-        if not s.frames:
-            continue
-        leaf = s.frames[-1]
-        self_[leaf] += s.count
-        self_thread[leaf][tid] += s.count
-        for f in set(s.frames):
-            incl[f] += s.count
-            incl_thread[f][tid] += s.count
+    thread_total, incl, self_ = counts.thread_samples, counts.total_samples, counts.self_samples
+    incl_thread, self_thread = counts.total_by_thread, counts.self_by_thread
 
     def cpu_s(n: int) -> float:
         # without a sampling rate, fall back to the share of samples
@@ -489,12 +387,12 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                 tcounts[tid] += k
         per_thread = thread_rows(tcounts)
         out.append(
-            Finding(
-                id=f"cpu:{fn}",
+            c.finding(
+                per_thread,
+                "cpu",
+                fn,
                 title=f"{fn}: {hot.title}",
-                category="cpu",
                 severity=_sev(share, t.hotspot_cpu_critical, t.hotspot_cpu_warning),
-                where=fn,
                 cost={
                     "samples": float(n),
                     "self_samples": float(ns),
@@ -503,13 +401,11 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "cpu_s_per_s": cpu_s(n),
                     "est_s_per_s": cpu_s(n),
                 },
-                per_thread=per_thread,
                 per_socket=socket_rows(tcounts),
                 explanation=hot.explanation,
                 advice=hot.fix,
                 hotspot=hot.id,
                 sites=[fn],
-                thread_names=c.named(per_thread),
             )
         )
     generic = 0
@@ -523,14 +419,14 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
         share = n / total
         per_thread = thread_rows(self_thread[leaf])
         out.append(
-            Finding(
-                id=f"cpu:{normalize(leaf)}",
+            c.finding(
+                per_thread,
+                "cpu",
+                normalize(leaf),
                 title=f"hot function {fn}",
-                category="cpu",
                 # kernel time in a network server is mostly per-request syscalls: a lead
                 # (batch the requests), not a defect, so it stays info
                 severity="warning" if share >= t.hot_function_warning and not is_kernel(leaf) else "info",
-                where=normalize(leaf),
                 cost={
                     "samples": float(incl[leaf]),
                     "self_samples": float(n),
@@ -539,7 +435,6 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "cpu_s_per_s": cpu_s(n),
                     "est_s_per_s": cpu_s(n),
                 },
-                per_thread=per_thread,
                 per_socket=socket_rows(self_thread[leaf]),
                 explanation=(
                     f"{fn} itself (not its callees) was running in {share:.0%} of the CPU samples. "
@@ -551,7 +446,6 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
                     "do less of it per request, batch it, or make it cheaper."
                 ),
                 sites=[normalize(leaf)],
-                thread_names=c.named(per_thread),
             )
         )
     return out
@@ -563,58 +457,48 @@ def _cpu_findings(c: _Ctx) -> list[Finding]:
 def _offcpu_findings(c: _Ctx) -> list[Finding]:
     t = c.t
     out: list[Finding] = []
-    for uaddr, waits in futex_groups(c.p).items():
-        nwaits = sum(w.waits for w in waits)
-        ns = sum(w.ns for w in waits)
+    for lk in locks(c.p):
+        if not lk.futex:
+            continue
+        uaddr, nwaits, ns = lk.futex, lk.waits, lk.wait_ns
         wait_s_per_s = ns / 1e9 / c.dur
         if nwaits <= 0 or wait_s_per_s * 1e3 < t.futex_info_ms_per_s:
             continue
-        per_thread: dict[str, dict[str, float]] = {}
-        sites: dict[str, int] = defaultdict(int)
-        for w in waits:
-            row = per_thread.setdefault(str(w.tid), {"waits_per_s": 0.0, "wait_ms_per_s": 0.0})
-            row["waits_per_s"] += w.waits / c.dur
-            row["wait_ms_per_s"] += w.ns / 1e6 / c.dur
-            sites[call_site(w.frames)] += w.ns
-        for row in per_thread.values():
-            row["wait_share"] = row["wait_ms_per_s"] / 1e3
+        per_thread = {
+            tid: {
+                "waits_per_s": w.waits / c.dur,
+                "wait_ms_per_s": w.wait_ns / 1e6 / c.dur,
+                "wait_share": w.wait_ns / 1e6 / c.dur / 1e3,
+            }
+            for tid, w in lk.by_thread.items()
+        }
         share = wait_s_per_s / max(len(per_thread), 1)
-        site_names = [s for s, _ in sorted(sites.items(), key=lambda kv: -kv[1])]
+        site_names = [s for s, _ in lk.sites]
         hot = next((h for s in site_names if (h := match_function(s))), None)
-        lock = futex_label(waits)
+        lock = lk.name
         out.append(
-            Finding(
+            c.finding(
+                per_thread,
+                "offcpu",
+                # the caller of pthread_mutex_lock & co. (the first frame outside libc), as a kvs lock's
+                site_names[0] if site_names else lock,
                 id=f"futex:{uaddr:#x}",
                 title=f"{lock} contended" + (f" in {site_names[0]}" if site_names else ""),
-                category="offcpu",
                 severity=_sev(share, t.futex_critical_share, t.futex_warning_share),
-                # the caller of pthread_mutex_lock & co. (the first frame outside libc), as a kvs lock's
-                where=site_names[0] if site_names else lock,
                 lock=lock,
                 cost={
-                    "waits": float(nwaits),
-                    "waits_per_s": nwaits / c.dur,
-                    "wait_ms_per_s": wait_s_per_s * 1e3,
-                    "wait_share": share,
+                    **_wait_cost(c, nwaits, wait_s_per_s, share),
                     "threads": float(len(per_thread)),
                     "est_s_per_s": wait_s_per_s,
                 },
-                per_thread=per_thread,
-                explanation=hot.explanation
-                if hot
-                else (
-                    "Threads slept in the kernel waiting on this futex: a contended mutex, or a "
-                    "condition variable or semaphore they were waiting on. The stack shows which."
-                ),
-                advice=hot.fix
-                if hot
-                else (
-                    "If it is a mutex, shorten or split its critical section or make the data "
-                    "per-thread; if it is a condition variable, check that the waiting is by design."
-                ),
-                hotspot=hot.id if hot else "",
                 sites=site_names,
-                thread_names=c.named(per_thread),
+                **_words(
+                    hot,
+                    "Threads slept in the kernel waiting on this futex: a contended mutex, or a "
+                    "condition variable or semaphore they were waiting on. The stack shows which.",
+                    "If it is a mutex, shorten or split its critical section or make the data "
+                    "per-thread; if it is a condition variable, check that the waiting is by design.",
+                ),
             )
         )
     # blocking off-CPU time per wait point, idle waits excluded
@@ -634,19 +518,18 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         total_s = sum(by_tid.values()) / 1e9 / c.dur
         heavy = [tid for tid, r in per_thread.items() if r["wall_share"] >= t.offcpu_info_share]
         out.append(
-            Finding(
-                id=f"offcpu:{point}",
+            c.finding(
+                per_thread,
+                "offcpu",
+                point,
                 title=f"threads blocked off-CPU in {point}",
-                category="offcpu",
                 severity="warning" if worst >= t.offcpu_warning_share else "info",
-                where=point,
                 cost={
                     "offcpu_ms_per_s": total_s * 1e3,
                     "max_wall_share": worst,
                     "threads": float(len(by_tid)),
                     "est_s_per_s": total_s,
                 },
-                per_thread=per_thread,
                 explanation=(
                     f"{_fmt_tids(heavy, c.names)} spent up to {worst:.0%} of the recording off-CPU "
                     f"in {point}, not waiting for work (idle waits such as epoll_wait are left out) "
@@ -657,7 +540,6 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
                     "what the thread waited for; move blocking work off the request path."
                 ),
                 sites=[point],
-                thread_names=c.named(per_thread),
             )
         )
     return out

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, PROBES_DIR, CollectOptions
 from kvprof.collect.bpf import KvsCollector, array_counters
-from kvprof.collect.usdt import hist_percentile
+from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
 
 COUNTERS = ("events", "map_full")  # the order of enum requests_counter

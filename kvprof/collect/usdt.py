@@ -305,29 +305,3 @@ class KvsProgram:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)  # the kernel removes the uprobe and lowers its semaphore
-
-
-def log2_slot(value: int) -> int:
-    """The log2 histogram bucket of `value`, as the BPF programs count it:
-    bucket i holds [2^i, 2^(i+1)), bucket 0 also holds 0 (kvcached's
-    `stats timings` convention)."""
-    return max(value.bit_length() - 1, 0)
-
-
-def hist_percentile(hist: list[int], q: float) -> int:
-    """The q-quantile (0..1) of a log2 histogram, interpolated geometrically
-    inside its bucket; 0 for an empty histogram."""
-    total = sum(hist)
-    if total == 0:
-        return 0
-    rank = q * total
-    seen = 0
-    for i, n in enumerate(hist):
-        if n and seen + n >= rank:
-            lo, hi = (0 if i == 0 else 1 << i), 1 << (i + 1)
-            frac = (rank - seen) / n
-            if lo == 0:
-                return int(hi * frac)
-            return int(lo * (hi / lo) ** frac)
-        seen += n
-    return 1 << len(hist)

@@ -15,8 +15,7 @@ import os
 import subprocess
 from functools import lru_cache
 
-from kvprof.analysis.findings import LOCK_WRAPPERS, is_wrapper
-from kvprof.analysis.hotspots import match_function, match_lock, normalize
+from kvprof.analysis.hotspots import LOCK_WRAPPERS, is_wrapper, match_function, match_lock, normalize
 from kvprof.model.profile import Profile
 
 APP, LIB, KERNEL, HOTSPOT, SYNTHETIC = "app", "lib", "kernel", "hotspot", "synthetic"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvprof.analysis.findings import is_wrapper
+from kvprof.analysis.hotspots import is_wrapper
 from kvprof.model.profile import Profile
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+from kvprof.model.histogram import hist_minus, hist_percentile
 from kvprof.model.profile import (
     AddressSample,
     CacheLineStat,
@@ -28,22 +29,6 @@ from kvprof.model.profile import (
     ThreadInfo,
     ThreadWaits,
 )
-
-
-def _minus(new: list[int], old: list[int]) -> list[int]:
-    return [n - (old[i] if i < len(old) else 0) for i, n in enumerate(new)]
-
-
-def _hist_quantile(hist: list[int], q: float) -> int:
-    total = sum(hist)
-    if total == 0:
-        return 0
-    rank, seen = max(1, round(q * total)), 0
-    for i, n in enumerate(hist):
-        seen += n
-        if seen >= rank:
-            return (2 << i) - 1
-    return 0
 
 
 def _threads(new: dict[str, ThreadInfo], old: dict[str, ThreadInfo]) -> dict[str, ThreadInfo]:
@@ -104,7 +89,7 @@ def _locks(new: list[LockStat], old: list[LockStat]) -> list[LockStat]:
                 lk,
                 waits=lk.waits - o.waits,
                 wait_ns=lk.wait_ns - o.wait_ns,
-                hist_log2_ns=_minus(lk.hist_log2_ns, o.hist_log2_ns),
+                hist_log2_ns=hist_minus(lk.hist_log2_ns, o.hist_log2_ns),
                 by_thread=by_thread,
                 stacks=stacks,
             )
@@ -131,7 +116,7 @@ def _cachelines(new: list[CacheLineStat], old: list[CacheLineStat]) -> list[Cach
             if n > 0:
                 mean = (t.cycles_mean * t.samples - ot.cycles_mean * ot.samples) / n
                 by_thread[tid] = LineThread(n, t.transfers - ot.transfers, mean)
-        matrix = [_minus(row, o.socket_matrix[i] if i < len(o.socket_matrix) else []) for i, row in
+        matrix = [hist_minus(row, o.socket_matrix[i] if i < len(o.socket_matrix) else []) for i, row in
                   enumerate(c.socket_matrix)]  # fmt: skip
         out.append(
             replace(
@@ -140,7 +125,7 @@ def _cachelines(new: list[CacheLineStat], old: list[CacheLineStat]) -> list[Cach
                 transfers=c.transfers - o.transfers,
                 cross_socket_transfers=c.cross_socket_transfers - o.cross_socket_transfers,
                 cycles_mean=cycles / samples,
-                hist_log2_cycles=_minus(c.hist_log2_cycles, o.hist_log2_cycles),
+                hist_log2_cycles=hist_minus(c.hist_log2_cycles, o.hist_log2_cycles),
                 socket_matrix=matrix,
                 by_thread=by_thread,
             )
@@ -152,10 +137,10 @@ def _requests(new: dict[str, RequestStat], old: dict[str, RequestStat]) -> dict[
     out = {}
     for op, r in new.items():
         o = old.get(op, RequestStat())
-        hist = _minus(r.hist_log2_ns, o.hist_log2_ns)
+        hist = hist_minus(r.hist_log2_ns, o.hist_log2_ns)
         if r.count - o.count > 0:
             out[op] = RequestStat(
-                r.count - o.count, hist, _hist_quantile(hist, 0.5), _hist_quantile(hist, 0.99)
+                r.count - o.count, hist, hist_percentile(hist, 0.5), hist_percentile(hist, 0.99)
             )
     return out
 

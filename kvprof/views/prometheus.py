@@ -26,7 +26,6 @@ series and threads x locks (or sites) for the others.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -48,6 +47,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import CollectorRegistry
 
 from kvprof.analysis.lines import LINE, line_table
+from kvprof.analysis.tables import functions, locks
+from kvprof.model.histogram import hist_sum_estimate
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 NS = "kvprof"
 OTHER = "other"
 UNKNOWN = "unknown"
+UNKNOWN_FUNCTION = "[unknown]"
 # request latency buckets: 2^8 ns (256 ns) .. 2^33 ns (8.6 s), one per log2 slot
 BUCKET_EXPONENTS = range(8, 34)
 # status.counters suffixes that count lost data, by collector
@@ -150,10 +152,9 @@ class TopFunctions:
         return out
 
 
-def leaf_function(frames: list[str]) -> str:
-    if not frames:
-        return "[unknown]"
-    return _OFFSET.sub("", frames[-1]) or "[unknown]"
+def leaf_function(frame: str) -> str:
+    """A leaf frame as the `function` label: `module+0x...` folded to the module."""
+    return _OFFSET.sub("", frame) or UNKNOWN_FUNCTION
 
 
 # ---- the metrics ------------------------------------------------------------------------------
@@ -169,11 +170,6 @@ def _buckets(hist: list[int]) -> list[tuple[str, float]]:
     out = [(repr(_seconds(1 << k)), float(sum(hist[:k]))) for k in BUCKET_EXPONENTS]
     out.append(("+Inf", float(sum(hist))))
     return out
-
-
-def _estimated_sum_ns(hist: list[int]) -> float:
-    """A log2 histogram's sum, each bucket at its geometric middle (within a factor of 1.42)."""
-    return sum(n * (math.sqrt(2.0) * (1 << i) if i else 1.0) for i, n in enumerate(hist) if n)
 
 
 def _stat_name(stat: str) -> str:
@@ -376,7 +372,7 @@ def profile_metrics(profile: Profile, lab: Labeler) -> Families:
     if "requests" in profile.collectors:
         for opcode, rs in sorted(profile.requests.items()):
             fam.histogram(
-                "request_duration_seconds", (opcode,), rs.hist_log2_ns, _estimated_sum_ns(rs.hist_log2_ns)
+                "request_duration_seconds", (opcode,), rs.hist_log2_ns, hist_sum_estimate(rs.hist_log2_ns)
             )
     fam.add("probe_sample_ratio", {(probe,): n for probe, n in profile.status.sample_rates.items()})
     fam.add("collector_up", {(n,): float(s.startswith("ok")) for n, s in profile.status.collectors.items()})
@@ -394,9 +390,15 @@ def profile_metrics(profile: Profile, lab: Labeler) -> Families:
 
 
 def _cpu(profile: Profile, lab: Labeler, fam: Families) -> None:
+    counts = functions(profile)
     by_fn: Counter[tuple[str, str]] = Counter()
-    for s in profile.oncpu:
-        by_fn[(leaf_function(s.frames), str(s.tid))] += s.count
+    for tid, n in counts.thread_samples.items():  # samples without frames: `[unknown]`
+        by_fn[(UNKNOWN_FUNCTION, tid)] += n
+    for leaf, by_tid in counts.self_by_thread.items():
+        for tid, n in by_tid.items():
+            by_fn[(leaf_function(leaf), tid)] += n
+            by_fn[(UNKNOWN_FUNCTION, tid)] -= n
+    by_fn = +by_fn  # drop the zeros
     samples: Counter[T] = Counter()
     for (fn, tid), n in lab.functions.fold(dict(by_fn)).items():
         samples[(fn, *lab.thread(tid))] += n
@@ -424,13 +426,14 @@ def _offcpu(profile: Profile, lab: Labeler, fam: Families) -> None:
 
 
 def _locks(profile: Profile, lab: Labeler, fam: Families) -> None:
-    lab.locks.admit((lk.name, lk.waits) for lk in profile.locks)
+    kvs = [lk for lk in locks(profile) if not lk.futex]  # futexes are the offcpu metrics
+    lab.locks.admit((lk.name, lk.waits) for lk in kvs)
     waits: Counter[T] = Counter()
     wait_ns: Counter[T] = Counter()
     longest: dict[T, float] = {}
-    for lk in profile.locks:
+    for lk in kvs:
         name = lab.locks.label(lk.name)
-        longest[(name,)] = max(longest.get((name,), 0.0), lk.max_ns)
+        longest[(name,)] = max(longest.get((name,), 0.0), lk.max_ns or 0)
         for tid, w in lk.by_thread.items():
             waits[(name, *lab.thread(tid))] += w.waits
             wait_ns[(name, *lab.thread(tid))] += w.wait_ns

@@ -15,9 +15,23 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, rank_key, summary
+from kvprof.analysis.findings import find, rank_key, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, normalize
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
+from kvprof.analysis.tables import (
+    LINE_PROBE,
+    by_transfers,
+    by_wait,
+    cachelines,
+    cpu_share,
+    functions,
+    locks,
+    requests,
+    sample_rate,
+    seconds,
+    socket_matrix,
+    threads,
+)
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
@@ -95,31 +109,20 @@ def findings_of(profile: Profile) -> list[Finding]:
     return find(profile)
 
 
-def _duration(profile: Profile) -> float:
-    return profile.window.duration_s if profile.window.duration_s > 0 else 1.0
-
-
 def top_functions(profile: Profile, n: int) -> list[FunctionRow]:
     """Functions by self samples (the leaf), with their total (anywhere on the stack)."""
-    total = sum(s.count for s in profile.oncpu)
-    self_: dict[str, int] = defaultdict(int)
-    incl: dict[str, int] = defaultdict(int)
-    for s in profile.oncpu:
-        if not s.frames:
-            continue
-        self_[s.frames[-1]] += s.count
-        for f in set(s.frames):
-            incl[f] += s.count
+    fn = functions(profile)
+    total = fn.samples
     rows = [
         FunctionRow(
             function=f,
-            self_samples=self_.get(f, 0),
-            total_samples=incl[f],
-            self_share=self_.get(f, 0) / total if total else 0.0,
-            total_share=incl[f] / total if total else 0.0,
+            self_samples=fn.self_samples.get(f, 0),
+            total_samples=incl,
+            self_share=fn.self_samples.get(f, 0) / total if total else 0.0,
+            total_share=incl / total if total else 0.0,
             hotspot=(h.id if (h := match_function(f)) else ""),
         )
-        for f in incl
+        for f, incl in fn.total_samples.items()
     ]
     rows.sort(key=lambda r: (-r.self_samples, -r.total_samples, r.function))
     by_self = rows[:n]
@@ -130,129 +133,54 @@ def top_functions(profile: Profile, n: int) -> list[FunctionRow]:
 
 
 def lock_rows(profile: Profile) -> list[LockRow]:
-    """One row per lock name, most waiting first."""
-    dur = _duration(profile)
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, lk in enumerate(profile.locks):
-        groups[lk.name].append(i)
-    rows = []
-    for name, idx in groups.items():
-        locks = [profile.locks[i] for i in idx]
-        sites: dict[str, int] = defaultdict(int)
-        tids: set[str] = set()
-        for lk in locks:
-            tids.update(lk.by_thread)
-            for st in lk.stacks:
-                sites[call_site(st.frames)] += st.wait_ns
-        waits = sum(lk.waits for lk in locks)
-        wait_ns = sum(lk.wait_ns for lk in locks)
-        rows.append(
-            LockRow(
-                name=name,
-                waits=waits,
-                waits_per_s=waits / dur,
-                wait_ms_per_s=wait_ns / 1e6 / dur,
-                max_ms=max(lk.max_ns for lk in locks) / 1e6,
-                threads=len(tids),
-                call_site=max(sites.items(), key=lambda kv: kv[1])[0] if sites else "",
-            )
+    """One row per lock name or futex, most waiting first."""
+    dur = seconds(profile)
+    return [
+        LockRow(
+            name=lk.name,
+            waits=lk.waits,
+            waits_per_s=lk.waits / dur,
+            wait_ms_per_s=lk.wait_ns / 1e6 / dur,
+            max_ms=None if lk.max_ns is None else lk.max_ns / 1e6,
+            threads=len(lk.by_thread),
+            call_site=lk.sites[0][0] if lk.sites else "",
         )
-    for fws in futex_groups(profile).values():  # any program's mutexes, named by their symbol
-        fsites: dict[str, int] = defaultdict(int)
-        for w in fws:
-            fsites[call_site(w.frames)] += w.ns
-        rows.append(
-            LockRow(
-                name=futex_label(fws),
-                waits=sum(w.waits for w in fws),
-                waits_per_s=sum(w.waits for w in fws) / dur,
-                wait_ms_per_s=sum(w.ns for w in fws) / 1e6 / dur,
-                max_ms=None,
-                threads=len({w.tid for w in fws}),
-                call_site=max(fsites.items(), key=lambda kv: kv[1])[0] if fsites else "",
-            )
-        )
-    rows.sort(key=lambda r: (-r.wait_ms_per_s, r.name))
-    return rows
-
-
-def sample_rate(profile: Profile, probe: str) -> int:
-    """1 in N for a sampled probe, 1 when not recorded."""
-    for key in (probe, f"kvs:{probe}"):
-        rate = profile.status.sample_rates.get(key, 0)
-        if rate > 0:
-            return int(rate)
-    return 1
+        for lk in by_wait(locks(profile))
+    ]
 
 
 def line_rows(profile: Profile) -> list[LineRow]:
     """One row per (site, cache line), most transfers first; rates scaled by the sample rate."""
-    dur = _duration(profile)
-    rate = sample_rate(profile, "atomic__sample")
-    rows = [
+    dur = seconds(profile)
+    return [
         LineRow(
             site=cl.site,
             line=f"{cl.line:#x}",
             samples=cl.samples,
-            updates_per_s=cl.samples * rate / dur,
-            transfers_per_s=cl.transfers * rate / dur,
-            cross_socket_share=cl.cross_socket_transfers / cl.transfers if cl.transfers else 0.0,
+            updates_per_s=cl.updates / dur,
+            transfers_per_s=cl.transfers / dur,
+            cross_socket_share=cl.cross_socket / cl.transfers if cl.transfers else 0.0,
             cycles_mean=cl.cycles_mean,
-            writers=len([1 for v in cl.by_thread.values() if v.samples > 0]),
+            writers=cl.writers,
         )
-        for cl in profile.cachelines
+        for cl in by_transfers(cachelines(profile))
     ]
-    rows.sort(key=lambda r: (-r.transfers_per_s, r.site, r.line))
-    return rows
-
-
-def socket_matrix(profile: Profile) -> list[list[float]]:
-    """Transfers per second [from socket][to socket], summed over all lines and scaled."""
-    dur = _duration(profile)
-    rate = sample_rate(profile, "atomic__sample")
-    size = max((len(cl.socket_matrix) for cl in profile.cachelines), default=0)
-    m = [[0.0] * size for _ in range(size)]
-    for cl in profile.cachelines:
-        for i, row in enumerate(cl.socket_matrix):
-            for j, v in enumerate(row):
-                m[i][j] += v * rate / dur
-    return m
 
 
 def thread_rows(profile: Profile) -> list[ThreadRow]:
     """Every thread, busiest first."""
-    dur = _duration(profile)
-    hz = profile.hz
-    lock_ns: dict[str, int] = defaultdict(int)
-    for lk in profile.locks:
-        for tid, tw in lk.by_thread.items():
-            lock_ns[tid] += tw.wait_ns
-    off_ns: dict[str, int] = defaultdict(int)
-    for st in profile.offcpu.stacks:
-        off_ns[str(st.tid)] += st.ns
     rows = []
-    for tid, th in profile.threads.items():
-        rows.append(
-            ThreadRow(
-                tid=tid,
-                name=th.name,
-                samples=th.cpu_samples,
-                cpu_share=th.cpu_samples / hz / dur if hz > 0 else 0.0,
-                sockets=",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items())),
-                lock_wait_ms=(th.lock_wait_ns or lock_ns.get(tid, 0)) / 1e6,
-                offcpu_ms=(th.offcpu_ns or off_ns.get(tid, 0)) / 1e6,
-                stack_quality=th.stack_quality,
-            )
-        )
-    rows.sort(key=lambda r: (-r.samples, r.tid))
+    for th in threads(profile):
+        share = cpu_share(profile, th.samples)
+        sockets = ",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items()))
+        lock_ms, off_ms = th.lock_wait_ns / 1e6, th.offcpu_ns / 1e6
+        rows.append(ThreadRow(th.tid, th.name, th.samples, share, sockets, lock_ms, off_ms, th.stack_quality))
     return rows
 
 
 def request_rows(profile: Profile) -> list[RequestRow]:
     """Requests per opcode, most frequent first."""
-    rows = [RequestRow(op, r.count, r.p50_ns / 1e3, r.p99_ns / 1e3) for op, r in profile.requests.items()]
-    rows.sort(key=lambda r: (-r.count, r.opcode))
-    return rows
+    return [RequestRow(r.opcode, r.samples, r.p50_ns / 1e3, r.p99_ns / 1e3) for r in requests(profile)]
 
 
 def collector_states(profile: Profile) -> dict[str, str]:
@@ -383,12 +311,13 @@ def _header(profile: Profile) -> list[str]:
 
 
 # per-thread columns shown for each kind of finding: (key, header, scale)
+WAIT_COLUMNS = [
+    ("waits_per_s", "waits/s", 1.0),
+    ("wait_ms_per_s", "wait ms/s", 1.0),
+    ("wait_share", "% time", 100.0),
+]
 THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
-    "lock": [
-        ("waits_per_s", "waits/s", 1.0),
-        ("wait_ms_per_s", "wait ms/s", 1.0),
-        ("wait_share", "% time", 100.0),
-    ],
+    "lock": WAIT_COLUMNS,
     "cacheline": [
         ("updates_per_s", "updates/s", 1.0),
         ("transfers_per_s", "transfers/s", 1.0),
@@ -403,11 +332,7 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("share_of_thread", "% thread", 100.0),
         ("cpu_s_per_s", "CPU %", 100.0),
     ],
-    "futex": [
-        ("waits_per_s", "waits/s", 1.0),
-        ("wait_ms_per_s", "wait ms/s", 1.0),
-        ("wait_share", "% time", 100.0),
-    ],
+    "futex": WAIT_COLUMNS,
     "offcpu": [("offcpu_ms_per_s", "off-CPU ms/s", 1.0), ("wall_share", "% time", 100.0)],
 }
 
@@ -536,7 +461,7 @@ def render_text(profile: Profile, top: int = 15) -> str:
         out.append("no contended lock")
 
     lrows = line_rows(profile)
-    rate = sample_rate(profile, "atomic__sample")
+    rate = sample_rate(profile, LINE_PROBE)
     out += _section("CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""))
     if lrows:
         out.append(

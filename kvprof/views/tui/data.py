@@ -18,16 +18,17 @@ Three windows, all deltas of cumulative snapshots (kvprof.model.delta):
 from __future__ import annotations
 
 import copy
-from collections import defaultdict, deque
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvprof.analysis.findings import call_site, find, futex_groups, futex_label, summary
+from kvprof.analysis.findings import find, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
 from kvprof.analysis.lines import kind, line_table
+from kvprof.analysis.tables import by_wait, functions, locks, requests, sites, socket_matrix, threads
 from kvprof.collect.server_stats import ops_total
-from kvprof.model.delta import _hist_quantile, delta
+from kvprof.model.delta import delta
 from kvprof.model.profile import Finding, Profile, Window
-from kvprof.views.report import sample_rate, socket_matrix
 
 RECENT_SAMPLES = 5  # intervals the findings and rate tables look back over
 OPS_HISTORY = 240  # sparkline points kept
@@ -273,16 +274,15 @@ def pct(x: float) -> str:
     return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
 
 
+# (from, unit, format) for num(): the first step x reaches
+NUM_STEPS = ((1e6, 1e6, "{:.2f}M"), (1e4, 1e3, "{:.0f}k"), (100, 1, "{:,.0f}"), (10, 1, "{:.1f}"))
+
+
 def num(x: float) -> str:
     """A count or rate in a few characters: 0.47, 12.3, 5,020, 12k, 1.25M."""
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e4:
-        return f"{x / 1e3:.0f}k"
-    if x >= 100:
-        return f"{x:,.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
+    step = next((st for st in NUM_STEPS if x >= st[0]), None)
+    if step is not None:
+        return step[2].format(x / step[1])
     return f"{x:.2f}" if x else "0"
 
 
@@ -342,21 +342,12 @@ def cost_line(f: Finding) -> str:
 
 
 def finding_rows(frame: Frame) -> list[FindingRow]:
-    return [
-        FindingRow(
-            id=f.id,
-            severity=f.severity,
-            category=f.category,
-            where=f.where,
-            title=f.title,
-            cost=cost_line(f),
-            hotspot=bool(f.hotspot),
-            summary=summary(f),
-            explanation=f.explanation,
-            advice=f.advice,
-        )
-        for f in frame.findings
-    ]
+    """The findings of the recent window, in rank order, with their cost in one line."""
+    out = []
+    for f in frame.findings:
+        named = (f.id, f.severity, f.category, f.where, f.title)
+        out.append(FindingRow(*named, cost_line(f), bool(f.hotspot), summary(f), f.explanation, f.advice))
+    return out
 
 
 @dataclass(frozen=True)
@@ -385,38 +376,20 @@ class StackRow:
     hotspot: str  # catalog id, "" when none
 
 
-def _shares(p: Profile | None, tid: str | None) -> tuple[dict[str, int], dict[str, int], int]:
-    self_: dict[str, int] = defaultdict(int)
-    incl: dict[str, int] = defaultdict(int)
-    n = 0
-    if p is None:
-        return self_, incl, 0
-    for s in p.oncpu:
-        if tid is not None and str(s.tid) != tid:
-            continue
-        n += s.count
-        if not s.frames:
-            continue
-        self_[s.frames[-1]] += s.count
-        for f in set(s.frames):
-            incl[f] += s.count
-    return self_, incl, n
-
-
 def stack_rows(frame: Frame, tid: str | None = None, limit: int = 200) -> list[StackRow]:
     """Functions by self share over the last interval, then since start; one thread or all."""
-    s_now, i_now, n_now = _shares(frame.interval, tid)
-    s_all, i_all, n_all = _shares(frame.total, tid)
+    now, all_ = functions(frame.interval, tid), functions(frame.total, tid)
+    n_now, n_all = now.samples, all_.samples
     rows = [
         StackRow(
             function=f,
-            self_now=s_now.get(f, 0) / n_now if n_now else 0.0,
-            total_now=i_now.get(f, 0) / n_now if n_now else 0.0,
-            self_all=s_all.get(f, 0) / n_all if n_all else 0.0,
-            total_all=i_all[f] / n_all if n_all else 0.0,
+            self_now=now.self_samples.get(f, 0) / n_now if n_now else 0.0,
+            total_now=now.total_samples.get(f, 0) / n_now if n_now else 0.0,
+            self_all=all_.self_samples.get(f, 0) / n_all if n_all else 0.0,
+            total_all=incl / n_all if n_all else 0.0,
             hotspot=(h.id if (h := match_function(f)) else ""),
         )
-        for f in i_all
+        for f, incl in all_.total_samples.items()
     ]
     rows.sort(key=lambda r: (-r.self_now, -r.self_all, -r.total_all, r.function))
     return rows[:limit]
@@ -446,12 +419,7 @@ def lock_hotspot(lock: str, site: str) -> bool:
     return (bool(lock) and match_lock(lock) is not None) or (bool(site) and match_function(site) is not None)
 
 
-def _add(a: list[int], b: list[int]) -> list[int]:
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
-
-
-def _split(shares: dict[str, float], names: dict[str, str]) -> str:
+def _split(shares: Mapping[str, float], names: dict[str, str]) -> str:
     total = sum(shares.values())
     if total <= 0:
         return ""
@@ -465,62 +433,23 @@ def lock_rows(frame: Frame) -> list[LockRow]:
     if p is None:
         return []
     names = {t: th.name for t, th in p.threads.items()}
-    by_name: dict[str, list[int]] = defaultdict(list)
-    for i, lk in enumerate(p.locks):
-        by_name[lk.name].append(i)
-    groups = []
-    for name, idx in by_name.items():
-        locks = [p.locks[i] for i in idx]
-        hist: list[int] = []
-        per_thread: dict[str, float] = defaultdict(float)
-        sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for lk in locks:
-            hist = _add(hist, lk.hist_log2_ns)
-            for tid, tw in lk.by_thread.items():
-                per_thread[tid] += tw.wait_ns
-            for st in lk.stacks:
-                acc = sites[call_site(st.frames)]
-                acc[0] += st.waits
-                acc[1] += st.wait_ns
-        waits = sum(lk.waits for lk in locks)
-        wait_ns = sum(lk.wait_ns for lk in locks)
-        head = LockRow(
-            lock=name,
-            site="",
-            waits_per_s=_rate(waits, p),
-            wait_ms_per_s=_rate(wait_ns / 1e6, p),
-            p99_ms=_hist_quantile(hist, 0.99) / 1e6 if sum(hist) else None,
-            split=_split(per_thread, names),
+    out = []
+    for lk in by_wait(locks(p)):
+        out.append(
+            LockRow(
+                lock=lk.name,
+                site="",
+                waits_per_s=_rate(lk.waits, p),
+                wait_ms_per_s=_rate(lk.wait_ns / 1e6, p),
+                p99_ms=None if lk.p99_ns is None else lk.p99_ns / 1e6,
+                split=_split({t: w.wait_ns for t, w in lk.by_thread.items()}, names),
+            )
         )
-        under = [
-            LockRow(name, site, _rate(w, p), _rate(ns / 1e6, p), None, "")
-            for site, (w, ns) in sorted(sites.items(), key=lambda kv: -kv[1][1])
+        out += [
+            LockRow(lk.name, site, _rate(w.waits, p), _rate(w.wait_ns / 1e6, p), None, "")
+            for site, w in lk.sites
         ]
-        groups.append((head, under))
-    for fws in futex_groups(p).values():  # any program's mutexes, named by their data symbol
-        name = futex_label(fws)
-        by_tid: dict[str, float] = defaultdict(float)
-        fsite_ns: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for w in fws:
-            by_tid[str(w.tid)] += w.ns
-            acc = fsite_ns[call_site(w.frames)]
-            acc[0] += w.waits
-            acc[1] += w.ns
-        head = LockRow(
-            lock=name,
-            site="",
-            waits_per_s=_rate(sum(w.waits for w in fws), p),
-            wait_ms_per_s=_rate(sum(w.ns for w in fws) / 1e6, p),
-            p99_ms=None,
-            split=_split(by_tid, names),
-        )
-        under = [
-            LockRow(name, site, _rate(w, p), _rate(ns / 1e6, p), None, "")
-            for site, (w, ns) in sorted(fsite_ns.items(), key=lambda kv: -kv[1][1])
-        ]
-        groups.append((head, under))
-    groups.sort(key=lambda g: (-g[0].wait_ms_per_s, g[0].lock))
-    return [row for head, under in groups for row in (head, *under)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -550,34 +479,20 @@ def line_rows(frame: Frame) -> list[LineRow]:
     p = frame.recent
     if p is None:
         return []
-    rate = sample_rate(p, "atomic__sample")
-    by_site: dict[str, list[int]] = defaultdict(list)
-    for i, cl in enumerate(p.cachelines):
-        by_site[cl.site].append(i)
-    rows = []
-    for site, idx in by_site.items():
-        lines = [p.cachelines[i] for i in idx]
-        samples = sum(cl.samples for cl in lines)
-        if samples <= 0:
-            continue
-        hist: list[int] = []
-        for cl in lines:
-            hist = _add(hist, cl.hist_log2_cycles)
-        transfers = sum(cl.transfers for cl in lines)
-        cross = sum(cl.cross_socket_transfers for cl in lines)
-        rows.append(
-            LineRow(
-                site=site,
-                lines=len(lines),
-                updates_per_s=_rate(samples * rate, p),
-                cycles_mean=sum(cl.cycles_mean * cl.samples for cl in lines) / samples,
-                cycles_p99=_hist_quantile(hist, 0.99),
-                transfers_per_s=_rate(transfers * rate, p),
-                cross_share=cross / transfers if transfers else 0.0,
-                writers=max(len([1 for v in cl.by_thread.values() if v.samples > 0]) for cl in lines),
-                hotspot=(h.id if (h := match_function(site)) else ""),
-            )
+    rows = [
+        LineRow(
+            site=st.site,
+            lines=len(st.lines),
+            updates_per_s=_rate(st.updates, p),
+            cycles_mean=st.cycles_mean,
+            cycles_p99=st.cycles_p99,
+            transfers_per_s=_rate(st.transfers, p),
+            cross_share=st.cross_socket / st.transfers if st.transfers else 0.0,
+            writers=st.writers,
+            hotspot=(h.id if (h := match_function(st.site)) else ""),
         )
+        for st in sites(p)
+    ]
     rows.sort(key=lambda r: (-r.transfers_per_s, r.site))
     return rows
 
@@ -587,26 +502,19 @@ def line_threads(frame: Frame, site: str) -> list[ThreadBar]:
     p = frame.recent
     if p is None:
         return []
-    rate = sample_rate(p, "atomic__sample")
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for cl in p.cachelines:
-        if cl.site != site:
-            continue
-        for tid, lt in cl.by_thread.items():
-            a = acc[tid]
-            a[0] += lt.samples
-            a[1] += lt.transfers
-            a[2] += lt.cycles_mean * lt.samples
+    st = next((st for st in sites(p) if st.site == site), None)
+    if st is None:
+        return []
     rows = [
         ThreadBar(
             tid,
             p.threads[tid].name if tid in p.threads else "",
-            _rate(n * rate, p),
-            _rate(t * rate, p),
-            c / n if n else 0.0,
+            _rate(lt.updates, p),
+            _rate(lt.transfers, p),
+            lt.cycles_mean,
         )
-        for tid, (n, t, c) in acc.items()
-        if n > 0
+        for tid, lt in st.by_thread.items()
+        if lt.samples > 0
     ]
     return sorted(rows, key=lambda r: (-r.updates_per_s, r.tid))
 
@@ -680,24 +588,18 @@ def thread_rows(frame: Frame) -> list[ThreadRow]:
     if p is None:
         return []
     d = _dur(p)
-    leaf: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for s in p.oncpu:
-        if s.frames:
-            leaf[str(s.tid)][s.frames[-1]] += s.count
     rows = []
-    for tid, th in p.threads.items():
-        top = max(leaf[tid].items(), key=lambda kv: (kv[1], kv[0]))[0] if leaf[tid] else ""
-        if top:
-            top = normalize(top) + (" [k]" if is_kernel(top) else "")
+    for th in threads(p):
+        top = th.top_function
         rows.append(
             ThreadRow(
-                tid=tid,
+                tid=th.tid,
                 name=th.name,
-                cpu=th.cpu_samples / p.hz / d if p.hz > 0 and d else 0.0,
+                cpu=th.samples / p.hz / d if p.hz > 0 and d else 0.0,
                 sockets=",".join(s for s, n in sorted(th.sockets.items()) if n > 0) or "-",
                 lock_wait=th.lock_wait_ns / 1e9 / d if d else 0.0,
                 offcpu=th.offcpu_ns / 1e9 / d if d else 0.0,
-                top_function=top,
+                top_function=normalize(top) + (" [k]" if is_kernel(top) else "") if top else "",
                 stack_quality=_quality(th.stack_quality),
             )
         )
@@ -721,21 +623,16 @@ def request_rows(frame: Frame) -> list[RequestRow]:
     recent, total = frame.recent, frame.total
     if recent is None or total is None:
         return []
-    rate = sample_rate(total, "cmd__done")
-    rows = []
-    for op, r in total.requests.items():
-        h = r.hist_log2_ns
-        now = recent.requests.get(op)
-        rows.append(
-            RequestRow(
-                opcode=op,
-                per_s=_rate((now.count if now else 0) * rate, recent),
-                samples=r.count,
-                p50_us=_hist_quantile(h, 0.5) / 1e3,
-                p90_us=_hist_quantile(h, 0.9) / 1e3,
-                p99_us=_hist_quantile(h, 0.99) / 1e3,
-                p999_us=_hist_quantile(h, 0.999) / 1e3,
-            )
+    now = {r.opcode: r.count for r in requests(recent)}
+    return [
+        RequestRow(
+            opcode=r.opcode,
+            per_s=_rate(now.get(r.opcode, 0), recent),
+            samples=r.samples,
+            p50_us=r.p50_ns / 1e3,
+            p90_us=r.p90_ns / 1e3,
+            p99_us=r.p99_ns / 1e3,
+            p999_us=r.p999_ns / 1e3,
         )
-    rows.sort(key=lambda r: (-r.samples, r.opcode))
-    return rows
+        for r in requests(total)
+    ]

@@ -15,7 +15,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 from textual.widgets.data_table import RowDoesNotExist
 
-from kvprof.views.report import sample_rate
+from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate
 from kvprof.views.tui import data
 from kvprof.views.tui.data import Frame, num, pct
 
@@ -96,6 +96,29 @@ class Panel(Vertical):
     def main_table(self) -> DataTable[object] | None:
         tables = self.query(DataTable)
         return tables.first() if tables else None
+
+
+Row = tuple[str, Sequence[object], Sequence[object]]  # key, cells the filter reads, cells shown
+
+
+class TablePanel(Panel):
+    """A view that is one table under a note and a head line: `rows` gives its rows."""
+
+    head = ""  # the head line; a view that changes it updates #<view>-head in `rows`
+    columns: Sequence[tuple[str, str]] = ()  # (label, key)
+
+    def compose(self) -> ComposeResult:
+        yield Note(id=f"{self.view}-note", classes="note")
+        yield Static(self.head, id=f"{self.view}-head", classes="head")
+        yield new_table(f"{self.view}-table", self.columns)
+
+    def rows(self, frame: Frame) -> Iterable[Row]:
+        raise NotImplementedError
+
+    def show(self, frame: Frame, needle: str) -> None:
+        self.query_one(Note).say(self.note_for(frame))
+        out = [(key, cells) for key, words, cells in self.rows(frame) if matches(needle, words)]
+        fill(self.query_one(f"#{self.view}-table", DataTable), out)
 
 
 # ---- Overview ---------------------------------------------------------------------
@@ -222,27 +245,17 @@ class OverviewPanel(Panel):
 # ---- Stacks -----------------------------------------------------------------------
 
 
-class StacksPanel(Panel):
+class StacksPanel(TablePanel):
     view = "stacks"
+    columns = (
+        ("function", "function"), ("self now", "self_now"), ("total now", "total_now"),
+        ("self all", "self_all"), ("total all", "total_all"),
+    )  # fmt: skip
 
     def __init__(self) -> None:
         super().__init__(id="stacks-panel")
         self.tid: str | None = None  # the thread filter; None: all threads
         self.threads: list[tuple[str, str]] = []
-
-    def compose(self) -> ComposeResult:
-        yield Note(id="stacks-note", classes="note")
-        yield Static(id="stacks-head", classes="head")
-        yield new_table(
-            "stacks-table",
-            [
-                ("function", "function"),
-                ("self now", "self_now"),
-                ("total now", "total_now"),
-                ("self all", "self_all"),
-                ("total all", "total_all"),
-            ],
-        )
 
     def next_thread(self) -> None:
         """All threads, then each thread with samples, busiest first."""
@@ -250,8 +263,7 @@ class StacksPanel(Panel):
         i = tids.index(self.tid) if self.tid in tids else 0
         self.tid = tids[(i + 1) % len(tids)]
 
-    def show(self, frame: Frame, needle: str) -> None:
-        self.query_one(Note).say(self.note_for(frame))
+    def rows(self, frame: Frame) -> Iterable[Row]:
         self.threads = data.thread_choices(frame)
         names = dict(self.threads)
         who = "all threads" if self.tid is None else f"{names.get(self.tid, '')} ({self.tid})"
@@ -262,43 +274,25 @@ class StacksPanel(Panel):
         head.append("   share of on-CPU samples: now = last interval, all = since start", "dim")
         self.query_one("#stacks-head", Static).update(head)
         width = max(24, self.app.size.width - 48)
-        out = []
         for r in data.stack_rows(frame, self.tid):
-            if not matches(needle, (r.function, r.hotspot)):
-                continue
             name = Text(("★ " if r.hotspot else "  ") + fit(r.function, width), HOT if r.hotspot else "")
-            out.append(
-                (r.function, [name, pct(r.self_now), pct(r.total_now), pct(r.self_all), pct(r.total_all)])
-            )
-        fill(self.query_one(DataTable), out)
+            cells = [name, pct(r.self_now), pct(r.total_now), pct(r.self_all), pct(r.total_all)]
+            yield r.function, (r.function, r.hotspot), cells
 
 
 # ---- Locks ------------------------------------------------------------------------
 
 
-class LocksPanel(Panel):
+class LocksPanel(TablePanel):
     view = "locks"
+    head = "contended acquisitions (kvs lock probes), last few seconds"
+    columns = (
+        ("lock / call site", "lock"), ("waits/s", "waits"), ("wait ms/s", "wait_ms"), ("p99 wait", "p99"),
+        ("wait per thread", "split"),
+    )  # fmt: skip
 
-    def compose(self) -> ComposeResult:
-        yield Note(id="locks-note", classes="note")
-        yield Static("contended acquisitions (kvs lock probes), last few seconds", classes="head")
-        yield new_table(
-            "locks-table",
-            [
-                ("lock / call site", "lock"),
-                ("waits/s", "waits"),
-                ("wait ms/s", "wait_ms"),
-                ("p99 wait", "p99"),
-                ("wait per thread", "split"),
-            ],
-        )
-
-    def show(self, frame: Frame, needle: str) -> None:
-        self.query_one(Note).say(self.note_for(frame))
-        out = []
+    def rows(self, frame: Frame) -> Iterable[Row]:
         for r in data.lock_rows(frame):
-            if not matches(needle, (r.lock, r.site, r.split)):
-                continue
             hot = data.lock_hotspot("" if r.site else r.lock, r.site)
             if r.site:
                 label = Text("  └ " + r.site, HOT if hot else "")
@@ -307,11 +301,21 @@ class LocksPanel(Panel):
                 label = Text(("★ " if hot else "") + r.lock, "bold " + (HOT if hot else ""))
                 p99 = "-" if r.p99_ms is None else f"{r.p99_ms:.2f} ms"
             split = fit(r.split, max(16, self.app.size.width - 62))
-            out.append((f"{r.lock}|{r.site}", [label, num(r.waits_per_s), num(r.wait_ms_per_s), p99, split]))
-        fill(self.query_one(DataTable), out)
+            cells = [label, num(r.waits_per_s), num(r.wait_ms_per_s), p99, split]
+            yield f"{r.lock}|{r.site}", (r.lock, r.site, r.split), cells
 
 
 # ---- Cache lines ------------------------------------------------------------------
+
+
+LINE_COLUMNS = (
+    ("site", "site"), ("updates/s", "updates"), ("cycles", "cycles"), ("p99", "p99"),
+    ("xfers/s", "transfers"), ("xfer%", "share"), ("x-socket", "cross"), ("writers", "writers"),
+)  # fmt: skip
+SAMPLED_COLUMNS = (
+    ("data symbol", "symbol"), ("samples", "samples"), ("CPU%", "share"), ("writers", "writers"),
+    ("kind", "kind"), ("functions", "functions"),
+)  # fmt: skip
 
 
 class LinesPanel(Panel):
@@ -324,39 +328,17 @@ class LinesPanel(Panel):
     def compose(self) -> ComposeResult:
         yield Note(id="lines-note", classes="note")
         yield Static(id="lines-head", classes="head")
-        yield new_table(
-            "lines-table",
-            [
-                ("site", "site"),
-                ("updates/s", "updates"),
-                ("cycles", "cycles"),
-                ("p99", "p99"),
-                ("xfers/s", "transfers"),
-                ("xfer%", "share"),
-                ("x-socket", "cross"),
-                ("writers", "writers"),
-            ],
-        )
+        yield new_table("lines-table", LINE_COLUMNS)
         with Horizontal(id="lines-bottom"):
             yield Static(id="lines-threads")
             yield Static(id="lines-matrix")
         yield Static(id="lines-sampled-head", classes="head")
-        yield new_table(
-            "lines-sampled",
-            [
-                ("data symbol", "symbol"),
-                ("samples", "samples"),
-                ("CPU%", "share"),
-                ("writers", "writers"),
-                ("kind", "kind"),
-                ("functions", "functions"),
-            ],
-        )
+        yield new_table("lines-sampled", SAMPLED_COLUMNS)
 
     def show(self, frame: Frame, needle: str) -> None:
         self.frame = frame
         self.query_one(Note).say(self.note_for(frame))
-        rate = sample_rate(frame.recent, "atomic__sample") if frame.recent is not None else 1
+        rate = sample_rate(frame.recent, LINE_PROBE) if frame.recent is not None else 1
         head = "shared counters (kvs atomic__sample), last few seconds"
         if rate > 1:
             head += f"; sampled 1 in {rate}, rates scaled ×{rate}"
@@ -466,90 +448,39 @@ def matrix_text(m: list[list[float]], sockets: int) -> Text:
 # ---- Threads ----------------------------------------------------------------------
 
 
-class ThreadsPanel(Panel):
+class ThreadsPanel(TablePanel):
     view = "threads"
+    head = "last few seconds; % of one CPU / of the thread's wall time; Enter: its stacks"
+    columns = (
+        ("tid", "tid"), ("name", "name"), ("CPU", "cpu"), ("sock", "sockets"), ("lock", "lock"),
+        ("off-CPU", "off"), ("top function", "top"), ("stacks", "quality"),
+    )  # fmt: skip
 
-    def compose(self) -> ComposeResult:
-        yield Note(id="threads-note", classes="note")
-        yield Static(
-            "last few seconds; % of one CPU / of the thread's wall time; Enter: its stacks", classes="head"
-        )
-        yield new_table(
-            "threads-table",
-            [
-                ("tid", "tid"),
-                ("name", "name"),
-                ("CPU", "cpu"),
-                ("sock", "sockets"),
-                ("lock", "lock"),
-                ("off-CPU", "off"),
-                ("top function", "top"),
-                ("stacks", "quality"),
-            ],
-        )
-
-    def show(self, frame: Frame, needle: str) -> None:
-        self.query_one(Note).say(self.note_for(frame))
-        out = []
+    def rows(self, frame: Frame) -> Iterable[Row]:
         for r in data.thread_rows(frame):
-            if not matches(needle, (r.tid, r.name, r.top_function)):
-                continue
-            out.append(
-                (
-                    r.tid,
-                    [
-                        r.tid,
-                        r.name,
-                        pct(r.cpu),
-                        r.sockets,
-                        pct(r.lock_wait),
-                        pct(r.offcpu),
-                        fit(r.top_function, max(12, self.app.size.width - 64)),
-                        r.stack_quality,
-                    ],
-                )
-            )
-        fill(self.query_one(DataTable), out)
+            top = fit(r.top_function, max(12, self.app.size.width - 64))
+            shares = [pct(r.cpu), r.sockets, pct(r.lock_wait), pct(r.offcpu)]
+            cells = [r.tid, r.name, *shares, top, r.stack_quality]
+            yield r.tid, (r.tid, r.name, r.top_function), cells
 
 
 # ---- Requests ---------------------------------------------------------------------
 
 
-class RequestsPanel(Panel):
+class RequestsPanel(TablePanel):
     view = "requests"
+    columns = (
+        ("opcode", "op"), ("req/s", "rate"), ("sampled", "n"),
+        ("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("p99.9", "p999"),
+    )  # fmt: skip
 
-    def compose(self) -> ComposeResult:
-        yield Note(id="requests-note", classes="note")
-        yield Static(id="requests-head", classes="head")
-        yield new_table(
-            "requests-table",
-            [
-                ("opcode", "op"),
-                ("req/s", "rate"),
-                ("sampled", "n"),
-                ("p50", "p50"),
-                ("p90", "p90"),
-                ("p99", "p99"),
-                ("p99.9", "p999"),
-            ],
-        )
-
-    def show(self, frame: Frame, needle: str) -> None:
-        self.query_one(Note).say(self.note_for(frame))
-        rate = sample_rate(frame.total, "cmd__done") if frame.total is not None else 1
+    def rows(self, frame: Frame) -> Iterable[Row]:
+        rate = sample_rate(frame.total, REQUEST_PROBE) if frame.total is not None else 1
         head = "server-side latency per opcode (kvs cmd probes), percentiles since start"
         if rate > 1:
             head += f"; 1 in {rate} requests sampled"
         self.query_one("#requests-head", Static).update(Text(head, "dim"))
-        out = []
         for r in data.request_rows(frame):
-            if not matches(needle, (r.opcode,)):
-                continue
-            out.append(
-                (
-                    r.opcode,
-                    [r.opcode, num(r.per_s), f"{r.samples:,}", us(r.p50_us), us(r.p90_us), us(r.p99_us),
-                     us(r.p999_us)],
-                )
-            )  # fmt: skip
-        fill(self.query_one(DataTable), out)
+            latency = [us(x) for x in (r.p50_us, r.p90_us, r.p99_us, r.p999_us)]
+            cells = [r.opcode, num(r.per_s), f"{r.samples:,}", *latency]
+            yield r.opcode, (r.opcode,), cells

@@ -1,0 +1,417 @@
+"""The per-window tables every view draws from: functions, locks, cache lines, threads, requests.
+
+Each function takes one Profile (a recording, or a window of a live session
+cut by kvprof.model.delta) and returns plain dataclasses of counts, grouped
+and ranked; the views (`report`, `top`, the exporter) turn them into rates
+and text, and kvprof.analysis.findings judges them. Data flows one way:
+model -> tables -> findings -> views.
+
+Sampled probes are scaled here and nowhere else: kvcached fires
+`kvs:atomic__sample` and `kvs:cmd__done` for 1 event in N (its
+--probe-sample, recorded in `profile.status.sample_rates`), so the tables'
+updates, transfers and request counts are the samples times N. Lock probes
+fire on every contended acquisition (scaled only if a rate is recorded for
+them). Off-CPU stacks are sampled too (1 switch-out in --offcpu-sample), but
+the collector scales their ns when it reads them, so a profile already holds
+estimates and nothing here scales them again. Percentiles come from
+kvprof.model.histogram.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from kvprof.analysis.hotspots import call_site
+from kvprof.model.histogram import hist_add, hist_percentile
+from kvprof.model.profile import FutexWait, Profile
+
+LOCK_PROBE = "lock__wait__done"
+LINE_PROBE = "atomic__sample"
+REQUEST_PROBE = "cmd__done"
+T = TypeVar("T")
+PERCENTILES = (0.5, 0.9, 0.99, 0.999)  # the request table's p50, p90, p99, p99.9
+
+
+def seconds(p: Profile) -> float:
+    """The window's length, 1 s when it is unknown (so rates read as counts)."""
+    return p.window.duration_s if p.window.duration_s > 0 else 1.0
+
+
+def sample_rate(p: Profile, probe: str) -> int:
+    """1 in N for a sampled probe, 1 when no rate was recorded."""
+    rates = p.status.sample_rates
+    for key in (probe, f"kvs:{probe}", f"kvs__{probe}"):
+        if rates.get(key, 0) > 0:
+            return int(rates[key])
+    return 1
+
+
+def _grouped(items: Iterable[T], key: Callable[[T], str]) -> dict[str, list[T]]:
+    """Items by key, keys and items in first-seen order."""
+    out: dict[str, list[T]] = defaultdict(list)
+    for item in items:
+        out[key(item)].append(item)
+    return out
+
+
+# ---- functions --------------------------------------------------------------------
+
+
+def _counts() -> dict[str, int]:
+    return defaultdict(int)
+
+
+@dataclass
+class Functions:
+    """On-CPU samples by function: as the leaf (self) and anywhere on the stack (total)."""
+
+    samples: int = 0  # every sample counted, with or without frames
+    self_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    total_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    thread_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # function -> tid -> samples
+    self_by_thread: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(_counts))
+    total_by_thread: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(_counts))
+
+
+def functions(p: Profile | None, tid: str | None = None) -> Functions:
+    """Self and total samples per function, of one thread or all; empty for no profile."""
+    out = Functions()
+    if p is None:
+        return out
+    for s in p.oncpu:
+        t = str(s.tid)
+        if tid is not None and t != tid:
+            continue
+        out.samples += s.count
+        out.thread_samples[t] += s.count
+        if not s.frames:
+            continue
+        leaf = s.frames[-1]
+        out.self_samples[leaf] += s.count
+        out.self_by_thread[leaf][t] += s.count
+        for f in set(s.frames):
+            out.total_samples[f] += s.count
+            out.total_by_thread[f][t] += s.count
+    return out
+
+
+# ---- locks ----------------------------------------------------------------------
+
+
+@dataclass
+class Waits:
+    waits: int = 0
+    wait_ns: int = 0
+
+
+@dataclass
+class Lock:
+    """One lock name (kvs lock probes) or one futex word (any program's mutexes)."""
+
+    name: str
+    futex: int  # the futex word's address for a futex, 0 for a kvs lock
+    waits: int  # contended acquisitions, scaled by the lock probe's rate
+    wait_ns: int
+    max_ns: int | None  # None for a futex: its waits are summed in the kernel, not kept one by one
+    by_thread: dict[str, Waits]  # tid -> its waits, scaled
+    sites: list[tuple[str, Waits]]  # call site -> its waits, most waiting first
+    hist_log2_ns: list[int]  # the waits' lengths (kvs locks; empty for a futex)
+    p99_ns: int | None  # from the histogram; None without one
+    rate: int  # the lock probe's 1 in N
+
+
+def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
+    """Futex waits by futex word, without the kvs-probed locks: those (glibc's
+    mutex word sits at their start) are lock rows with better numbers."""
+    lock_addrs = [lk.address for lk in p.locks if lk.address]
+    out: dict[int, list[FutexWait]] = defaultdict(list)
+    for fw in p.offcpu.futex:
+        if not any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
+            out[fw.uaddr].append(fw)
+    return out
+
+
+def futex_label(waits: list[FutexWait]) -> str:
+    """What to call the futex of these waits: its data symbol or region, else its address."""
+    return next((w.name for w in waits if w.name), f"futex {waits[0].uaddr:#x}" if waits else "futex")
+
+
+def _ranked(sites: dict[str, Waits]) -> list[tuple[str, Waits]]:
+    return sorted(sites.items(), key=lambda kv: -kv[1].wait_ns)
+
+
+def locks(p: Profile) -> list[Lock]:
+    """The kvs locks by name, then the other futexes, each list in first-seen order."""
+    rate = sample_rate(p, LOCK_PROBE)
+    out = []
+    for name, group in _grouped(p.locks, lambda lk: lk.name).items():
+        threads: dict[str, Waits] = {}
+        sites: dict[str, Waits] = defaultdict(Waits)
+        hist: list[int] = []
+        for lk in group:
+            hist = hist_add(hist, lk.hist_log2_ns)
+            for tid, tw in lk.by_thread.items():
+                w = threads.setdefault(tid, Waits())
+                w.waits += tw.waits * rate
+                w.wait_ns += tw.wait_ns * rate
+            for st in lk.stacks:
+                w = sites[call_site(st.frames)]
+                w.waits += st.waits * rate
+                w.wait_ns += st.wait_ns * rate
+        out.append(
+            Lock(
+                name=name,
+                futex=0,
+                waits=sum(lk.waits for lk in group) * rate,
+                wait_ns=sum(lk.wait_ns for lk in group) * rate,
+                max_ns=max(lk.max_ns for lk in group),
+                by_thread=threads,
+                sites=_ranked(sites),
+                hist_log2_ns=hist,
+                p99_ns=hist_percentile(hist, 0.99) if sum(hist) else None,
+                rate=rate,
+            )
+        )
+    for uaddr, fws in futex_groups(p).items():
+        fthreads: dict[str, Waits] = {}
+        fsites: dict[str, Waits] = defaultdict(Waits)
+        for fw in fws:
+            for w in (fthreads.setdefault(str(fw.tid), Waits()), fsites[call_site(fw.frames)]):
+                w.waits += fw.waits
+                w.wait_ns += fw.ns
+        out.append(
+            Lock(
+                name=futex_label(fws),
+                futex=uaddr,
+                waits=sum(w.waits for w in fws),
+                wait_ns=sum(w.ns for w in fws),
+                max_ns=None,
+                by_thread=fthreads,
+                sites=_ranked(fsites),
+                hist_log2_ns=[],
+                p99_ns=None,
+                rate=1,
+            )
+        )
+    return out
+
+
+def by_wait(rows: list[Lock]) -> list[Lock]:
+    """Locks most waiting first."""
+    return sorted(rows, key=lambda r: (-r.wait_ns, r.name))
+
+
+# ---- cache lines (kvs atomic probe) ------------------------------------------------
+
+
+@dataclass
+class Line:
+    """One cache line one kvs site updated; counts scaled by the probe's rate."""
+
+    site: str
+    line: int
+    samples: int  # as sampled
+    updates: int  # scaled
+    transfers: int
+    cross_socket: int
+    cycles_mean: float
+    writers: int  # threads that updated it
+
+
+@dataclass
+class LineThread:
+    """One thread's updates of a site's lines."""
+
+    samples: int = 0  # as sampled
+    updates: int = 0  # scaled
+    transfers: int = 0
+    cycles: float = 0.0  # summed over the samples
+
+    @property
+    def cycles_mean(self) -> float:
+        return self.cycles / self.samples if self.samples else 0.0
+
+
+@dataclass
+class Site:
+    """One kvs site's cache lines together; counts scaled by the probe's rate."""
+
+    site: str
+    lines: list[Line]
+    samples: int  # as sampled
+    updates: int
+    transfers: int
+    cross_socket: int
+    cycles_mean: float
+    cycles_max: int
+    cycles_p99: int
+    writers: int  # most threads that updated one of its lines
+    by_thread: dict[str, LineThread]
+    socket_matrix: list[list[int]]  # transfers [from socket][to socket], scaled
+    rate: int
+
+
+def _writers(by_thread: dict) -> int:  # type: ignore[type-arg]
+    return len([1 for v in by_thread.values() if v.samples > 0])
+
+
+def cachelines(p: Profile) -> list[Line]:
+    """Every (site, line) the kvs atomic probe sampled, in the profile's order."""
+    rate = sample_rate(p, LINE_PROBE)
+    return [
+        Line(
+            site=cl.site,
+            line=cl.line,
+            samples=cl.samples,
+            updates=cl.samples * rate,
+            transfers=cl.transfers * rate,
+            cross_socket=cl.cross_socket_transfers * rate,
+            cycles_mean=cl.cycles_mean,
+            writers=_writers(cl.by_thread),
+        )
+        for cl in p.cachelines
+    ]
+
+
+def by_transfers(rows: list[Line]) -> list[Line]:
+    """Lines most transfers first."""
+    return sorted(rows, key=lambda r: (-r.transfers, r.site, r.line))
+
+
+def sites(p: Profile) -> list[Site]:
+    """Per kvs site with samples, in first-seen order."""
+    rate = sample_rate(p, LINE_PROBE)
+    lines = _grouped(cachelines(p), lambda cl: cl.site)
+    out = []
+    for site, group in _grouped(p.cachelines, lambda cl: cl.site).items():
+        samples = sum(cl.samples for cl in group)
+        if samples <= 0:
+            continue
+        hist: list[int] = []
+        threads: dict[str, LineThread] = {}
+        size = max((len(cl.socket_matrix) for cl in group), default=0)
+        matrix = [[0] * size for _ in range(size)]
+        for cl in group:
+            hist = hist_add(hist, cl.hist_log2_cycles)
+            for tid, lt in cl.by_thread.items():
+                t = threads.setdefault(tid, LineThread())
+                t.samples += lt.samples
+                t.updates += lt.samples * rate
+                t.transfers += lt.transfers * rate
+                t.cycles += lt.cycles_mean * lt.samples
+            for i, row in enumerate(cl.socket_matrix):
+                for j, v in enumerate(row):
+                    matrix[i][j] += v * rate
+        out.append(
+            Site(
+                site=site,
+                lines=lines[site],
+                samples=samples,
+                updates=samples * rate,
+                transfers=sum(cl.transfers for cl in group) * rate,
+                cross_socket=sum(cl.cross_socket_transfers for cl in group) * rate,
+                cycles_mean=sum(cl.cycles_mean * cl.samples for cl in group) / samples,
+                cycles_max=max(cl.cycles_max for cl in group),
+                cycles_p99=hist_percentile(hist, 0.99),
+                writers=max(_writers(cl.by_thread) for cl in group),
+                by_thread=threads,
+                socket_matrix=matrix,
+                rate=rate,
+            )
+        )
+    return out
+
+
+def socket_matrix(p: Profile) -> list[list[float]]:
+    """Transfers per second [from socket][to socket], all lines together, scaled."""
+    dur = seconds(p)
+    rate = sample_rate(p, LINE_PROBE)
+    size = max((len(cl.socket_matrix) for cl in p.cachelines), default=0)
+    m = [[0.0] * size for _ in range(size)]
+    for cl in p.cachelines:
+        for i, row in enumerate(cl.socket_matrix):
+            for j, v in enumerate(row):
+                m[i][j] += v * rate / dur
+    return m
+
+
+# ---- threads ----------------------------------------------------------------------
+
+
+@dataclass
+class Thread:
+    tid: str
+    name: str
+    samples: int  # on-CPU
+    sockets: dict[str, int]  # socket -> on-CPU samples there
+    lock_wait_ns: int  # kvs lock waits
+    offcpu_ns: int
+    stack_quality: float | None  # share of its stacks that stopped short of the thread's entry
+    top_function: str  # its leaf with the most samples, "" when none
+
+
+def threads(p: Profile) -> list[Thread]:
+    """Every thread, most on-CPU samples first."""
+    lock_ns: dict[str, int] = defaultdict(int)
+    for lk in p.locks:
+        for tid, tw in lk.by_thread.items():
+            lock_ns[tid] += tw.wait_ns
+    off_ns: dict[str, int] = defaultdict(int)
+    for st in p.offcpu.stacks:
+        off_ns[str(st.tid)] += st.ns
+    fn = functions(p)
+    leaves: dict[str, dict[str, int]] = defaultdict(dict)
+    for f, by_tid in fn.self_by_thread.items():
+        for tid, n in by_tid.items():
+            leaves[tid][f] = n
+    rows = [
+        Thread(
+            tid=tid,
+            name=th.name,
+            samples=th.cpu_samples,
+            sockets=dict(th.sockets),
+            lock_wait_ns=th.lock_wait_ns or lock_ns.get(tid, 0),
+            offcpu_ns=th.offcpu_ns or off_ns.get(tid, 0),
+            stack_quality=th.stack_quality,
+            top_function=max(leaves[tid].items(), key=lambda kv: (kv[1], kv[0]))[0] if leaves[tid] else "",
+        )
+        for tid, th in p.threads.items()
+    ]
+    rows.sort(key=lambda r: (-r.samples, r.tid))
+    return rows
+
+
+def cpu_share(p: Profile, samples: int) -> float:
+    """On-CPU samples as a share of one CPU over the window (0 without a sampling rate)."""
+    return samples / p.hz / seconds(p) if p.hz > 0 else 0.0
+
+
+# ---- requests ---------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    opcode: str
+    samples: int  # requests sampled
+    count: int  # scaled: requests served
+    p50_ns: int
+    p90_ns: int
+    p99_ns: int
+    p999_ns: int
+
+
+def requests(p: Profile) -> list[Request]:
+    """Per opcode, most sampled first; percentiles from the latency histogram
+    (a profile without one keeps the p50 and p99 it was given)."""
+    rate = sample_rate(p, REQUEST_PROBE)
+    rows = []
+    for op, r in p.requests.items():
+        h = r.hist_log2_ns
+        q = [hist_percentile(h, x) for x in PERCENTILES] if sum(h) else [r.p50_ns, 0, r.p99_ns, 0]
+        rows.append(Request(op, r.count, r.count * rate, *q))
+    rows.sort(key=lambda r: (-r.samples, r.opcode))
+    return rows
