@@ -5,7 +5,7 @@ Counts are of *sampled* requests: kvcached fires cmd__* for 1 request in N
 per worker (`--probe-sample N`, recorded in
 `Profile.status.sample_rates["cmd__done"]`); multiply by N for totals. One
 key of a multi-get is one request. p50/p99 are read off the log2 histogram
-(geometric interpolation inside a bucket), so they are within a factor of 2.
+as the largest value of their bucket (kvprof.model.histogram): a bound within a factor of 2.
 """
 
 from __future__ import annotations

@@ -23,22 +23,19 @@ def slot_bounds(i: int) -> tuple[int, int]:
 
 
 def hist_percentile(hist: list[int], q: float) -> int:
-    """The q-quantile (0..1) of a log2 histogram, interpolated geometrically
-    inside its slot (linearly in slot 0); 0 for an empty histogram."""
+    """The q-quantile (0..1) of a log2 histogram as the largest value its slot
+    holds (2^(i+1) - 1): a bound the true quantile does not exceed. A log2 slot
+    spans a factor of two, so a value inside it would claim a precision the
+    histogram does not have. 0 for an empty histogram."""
     total = sum(hist)
     if total == 0:
         return 0
-    rank = q * total
-    seen = 0
+    rank, seen = max(1, round(q * total)), 0
     for i, n in enumerate(hist):
-        if n and seen + n >= rank:
-            lo, hi = slot_bounds(i)
-            frac = (rank - seen) / n
-            if lo == 0:
-                return int(hi * frac)
-            return int(lo * (hi / lo) ** frac)
         seen += n
-    return 1 << len(hist)
+        if seen >= rank:
+            return slot_bounds(i)[1] - 1
+    return 0
 
 
 def hist_sum_estimate(hist: list[int]) -> float:
