@@ -132,10 +132,6 @@ def test_no_import_cycle() -> None:
     assert not cycles, f"import cycles in kvprof/ (module -> its imports in the cycle): {described}"
 
 
-# left to the work that replaces it (one percentile function in kvprof/analysis, issue 15)
-KNOWN_PRIVATE = ("kvprof/views/tui/data.py:28 imports kvprof.model.delta._hist_quantile",)
-
-
 def test_no_private_name_is_imported_from_another_module() -> None:
     """`from kvprof.x import _name`, or `x._name` on an imported kvprof module."""
     found = []
@@ -158,7 +154,6 @@ def test_no_private_name_is_imported_from_another_module() -> None:
                 found.append(
                     f"{path.relative_to(REPO)}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}"
                 )
-    found = [f for f in found if f not in KNOWN_PRIVATE]
     assert not found, "private names used across modules:\n" + "\n".join(found)
 
 
@@ -236,8 +231,6 @@ def test_a_room_loads_no_later_stage(room: str) -> None:
 
 # left to the work that splits collect/pyspy.py (a collector, and record's and top's
 # py-spy set-up, which belongs to the session's clients; issue 15)
-KNOWN_LATER = ("kvprof.collect.pyspy -> kvprof.collect.session",)
-
 # rooms whose run-time imports (inside functions) may reach a later stage: the
 # commands import their stage when they run, `top --demo` starts the demo
 LAZY_CLIENTS = ("kvprof.commands", "kvprof.views")
@@ -254,7 +247,6 @@ def test_a_room_imports_no_later_stage_even_inside_functions(room: str) -> None:
         for target in targets
         if any(in_room(target, r) for r in LATER[room])
     )
-    later = [e for e in later if e not in KNOWN_LATER]
     assert not later, f"{room} imports later stages: {later}"
 
 
