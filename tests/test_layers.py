@@ -229,8 +229,6 @@ def test_a_room_loads_no_later_stage(room: str) -> None:
     assert not later, f"importing {room} loads later stages: {later} (missing here: {result['missing']})"
 
 
-# left to the work that splits collect/pyspy.py (a collector, and record's and top's
-# py-spy set-up, which belongs to the session's clients; issue 15)
 # rooms whose run-time imports (inside functions) may reach a later stage: the
 # commands import their stage when they run, `top --demo` starts the demo
 LAZY_CLIENTS = ("kvprof.commands", "kvprof.views")
