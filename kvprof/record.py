@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvprof.collect import HZ, MAX_ENTRIES, OFFCPU_SAMPLE, STACK_STORAGE
 from kvprof.model.profile import Profile
 
 
@@ -20,12 +21,12 @@ class RecordOptions:
     pid: int
     duration: float | None = 10.0
     output: Path | None = None
-    hz: int = 99
+    hz: int = HZ
     collectors: tuple[str, ...] = ()
     backend: str = "bpf"
-    stack_storage: int = 16384
-    max_entries: int = 10240
-    offcpu_sample: int = 64
+    stack_storage: int = STACK_STORAGE
+    max_entries: int = MAX_ENTRIES
+    offcpu_sample: int = OFFCPU_SAMPLE
     interval: float = 1.0
     quiet: bool = False
     flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)

@@ -53,7 +53,9 @@ class Thresholds:
     line_warning_per_s: float = 10_000.0
     line_info_per_s: float = 100.0
     cross_socket_weight: float = 3.5
-    transfer_ns: float = 57.0  # one same-socket cache-line round trip, measured (DESIGN.md)
+    transfer_ns: float = (
+        57.0  # one same-socket cache-line round trip, measured (docs/design.md, "Measured numbers")
+    )
     # a catalog function: share of all CPU samples with it anywhere on the stack
     hotspot_cpu_critical: float = 0.25
     hotspot_cpu_warning: float = 0.10

@@ -1,4 +1,4 @@
-"""The catalog of known contention spots (DESIGN.md "Findings and the hotspot catalog"),
+"""The catalog of known contention spots (docs/design.md, "Analysis"),
 and the names of frames: normalized, kernel or not, lock plumbing or a call site.
 
 The catalog is data, in hotspots.toml next to this file: each entry names

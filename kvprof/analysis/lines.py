@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvprof.model.profile import Finding, Profile
+from kvprof.model.profile import HZ, Finding, Profile
 
 LINE = 64
 LOCK_FUNCTIONS = ("pthread_mutex", "pthread_spin", "pthread_rwlock", "__lll_lock", "kv_lock", "kv_trylock")
@@ -141,7 +141,7 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
     """A finding per contended line; lines whose every function is in
     `skip_functions` (already reported from the kvs probes) are left out."""
     out: list[Finding] = []
-    hz = profile.hz or 99
+    hz = profile.hz or HZ  # a profile that does not say was taken at the default
     dur = profile.window.duration_s if profile.window.duration_s > 0 else 1.0
     for sl in line_table(profile):
         if not sl.contended or set(sl.functions) <= skip_functions:

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvprof import REPO
+from kvprof.model.profile import HZ as HZ  # defined with the profile, which analysis reads too
 from kvprof.model.topology import Topology
 
 PROBES_DIR = REPO / "probes"
@@ -62,7 +63,6 @@ def missing_bcc() -> str | None:
     return None
 
 
-HZ = 99  # on-CPU (and register) samples per second per CPU; off a multiple of common timer rates
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 OFFCPU_SAMPLE = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)

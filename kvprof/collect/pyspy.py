@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvprof.collect import CollectError, CollectOptions, programs
+from kvprof.collect import HZ, CollectError, CollectOptions, programs
 from kvprof.collect.pyspy_output import DumpThread, Stacks, parse_dump, parse_raw
 from kvprof.collect.thread_sockets import SocketTally
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
@@ -251,7 +251,7 @@ def _fill(
 class PySpyRecorder:
     """`py-spy record` over a recording window, as kvprof record's on-CPU source.
 
-    spy = PySpyRecorder(pid, hz=99)
+    spy = PySpyRecorder(pid, hz=HZ)
     spy.check()          # PySpyError now rather than after the BPF compile
     spy.start()          # sampling from here
     ...
@@ -260,7 +260,7 @@ class PySpyRecorder:
     """
 
     def __init__(
-        self, pid: int, hz: int = 99, native: bool = False, topology: Topology | None = None
+        self, pid: int, hz: int = HZ, native: bool = False, topology: Topology | None = None
     ) -> None:
         self.pid, self.hz, self.native = pid, hz, native
         self.topology = topology or Topology.read()

@@ -1,6 +1,6 @@
 """A profiling session: a set of collectors attached to one process.
 
-    with Session(pid, ["oncpu", "locks"], CollectOptions(hz=99)) as s:
+    with Session(pid, ["oncpu", "locks"], CollectOptions()) as s:
         for snapshot in s.run(duration=10, interval=1.0):
             ...            # a cumulative Profile every interval
         profile = s.snapshot()

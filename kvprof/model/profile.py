@@ -1,4 +1,4 @@
-"""The profile: what a recording holds, and its file format (DESIGN.md).
+"""The profile: what a recording holds, and its file format (docs/design.md).
 
 One JSON document, gzip'd when the file name ends in `.gz`:
 `{"format": "kvprof-profile", "version": 1, "target": ..., "host": ...,
@@ -20,6 +20,10 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+# on-CPU (and register) samples per second per CPU when none is asked for, off a
+# multiple of common timer rates; the collectors' default (kvprof.collect.HZ)
+HZ = 99
 
 FORMAT = "kvprof-profile"
 VERSION = 1

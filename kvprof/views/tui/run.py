@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvprof.collect import HZ
 from kvprof.model.profile import ProfileError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class TopOptions:
     pid: int | None = None
     demo: bool = False
     replay: Path | None = None
-    hz: int = 99
+    hz: int = HZ
     interval: float = 1.0
     collectors: tuple[str, ...] = ()
     output_dir: Path = Path(".")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from kvprof.collect import HZ
 from kvprof.model.profile import Profile
 from kvprof.views.tui.data import Sample
 
@@ -86,7 +87,7 @@ class LiveSource:
 
     live = True
 
-    def __init__(self, pid: int, hz: int = 99, collectors: tuple[str, ...] = ()) -> None:
+    def __init__(self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = ()) -> None:
         from kvprof.collect import CollectOptions
         from kvprof.collect.session import ALL_COLLECTORS, Session
 
