@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded
+from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded, wait_until
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, Session
@@ -27,6 +27,9 @@ pytestmark = pytest.mark.bpf
 def assert_nothing_ours(server: Server, before: dict[int, str], loaded: set[int]) -> None:
     left = {fd: kind for fd, kind in our_bpf_fds().items() if fd not in before}
     assert not left, f"fds still open: {left}"
+    # the kernel frees a program once its last reference goes, after an RCU grace
+    # period: give it a moment, then name what is still there
+    wait_until(lambda: not any(prog_loaded(i) for i in loaded), timeout=10)
     assert not [i for i in loaded if prog_loaded(i)], "BPF programs still loaded"
     assert_detached(server)
 
