@@ -101,8 +101,9 @@ class Module:
 
 class BpfCollector:
     """What every BPF collector does the same way; a subclass gives `name`,
-    program(), _attach(module) (attach; own every fd it opens), _keep() (read
-    the maps one last time, so what was counted outlives them) and _detach()."""
+    program(), _attach(module) (attach; own every fd it opens), _read() (what
+    the maps hold now) and _detach(). latest() is what contribute() reads: the
+    maps while attached, what they held at close() after."""
 
     name = ""
 
@@ -110,6 +111,7 @@ class BpfCollector:
         self.pid = pid
         self.opts = opts
         self.module: Module | None = None
+        self._last: Any = None  # the last _read(), kept when the maps go with the module
         self._own: Module | None = None  # compiled by start() for this collector alone
 
     def applies(self) -> str | None:
@@ -123,8 +125,18 @@ class BpfCollector:
     def _attach(self, module: Module) -> None:
         raise NotImplementedError
 
-    def _keep(self) -> None:
+    def _read(self) -> Any:
         raise NotImplementedError
+
+    def refresh(self) -> None:
+        """Tell the program what changed in the target since attaching (nothing, here)."""
+
+    def latest(self) -> Any:
+        """What the maps hold now; once closed, what they held then."""
+        if self.module is not None:
+            self.refresh()
+            self._last = self._read()
+        return self._last
 
     def _detach(self) -> None:
         raise NotImplementedError
@@ -165,7 +177,7 @@ class BpfCollector:
         if self.module is None:
             return
         try:
-            self._keep()  # the maps go with the module
+            self._last = self._read()  # the maps go with the module
         except Exception:  # a failed last read must not keep anything attached
             pass
         try:
@@ -209,12 +221,6 @@ class KvsCollector(BpfCollector):
     def _detach(self) -> None:
         if self._kvs is not None:
             self._kvs.close()
-
-    def _keep(self) -> None:
-        self._read()
-
-    def _read(self) -> Any:
-        raise NotImplementedError
 
 
 def attach_cpu_clock(bpf: Any, fn_name: str, hz: int, who: str) -> list[int]:

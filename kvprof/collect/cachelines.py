@@ -125,8 +125,6 @@ class CachelinesCollector(KvsCollector):
         super()._attach(module)
 
     def _read(self) -> _Snapshot:
-        if self.module is None:
-            return self._last
         snap = _Snapshot()
         for k, v in self.table("lines").items():
             snap.rows.append(
@@ -140,11 +138,10 @@ class CachelinesCollector(KvsCollector):
             cell = snap.matrix.setdefault((cstr(k.site), k.line), {})
             cell[(k.__getattribute__("from"), k.to)] = n.value
         snap.counters = array_counters(self.table("counters"), COUNTERS)
-        self._last = snap
         return snap
 
     def contribute(self, profile: Profile) -> None:
-        snap = self._read()
+        snap = self.latest()
         stats = aggregate(snap.rows, snap.hist, snap.matrix, self.sockets)
         ours = {(c.site, c.line) for c in stats}
         profile.cachelines[:] = [c for c in profile.cachelines if (c.site, c.line) not in ours] + stats

@@ -58,8 +58,6 @@ class LocksCollector(KvsCollector):
         self._names = ThreadNames(pid)
 
     def _read(self) -> _Snapshot:
-        if self.module is None:
-            return self._last
         snap = _Snapshot()
         stacks = self.table("stacks")
         for k, v in self.table("waits").items():
@@ -72,11 +70,10 @@ class LocksCollector(KvsCollector):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n.value
         snap.counters = array_counters(self.table("counters"), COUNTERS)
-        self._last = snap
         return snap
 
     def contribute(self, profile: Profile) -> None:
-        snap = self._read()
+        snap = self.latest()
         stats = aggregate(snap.rows, snap.hist, snap.frames)
         ours = {s.name for s in stats}
         profile.locks[:] = [lk for lk in profile.locks if lk.name not in ours] + stats

@@ -94,9 +94,6 @@ class OffCpuCollector(StackCollector):
             if tp in bpf.tracepoint_fds:
                 bpf.detach_tracepoint(tp)
 
-    def _keep(self) -> None:
-        self._last = self._read()
-
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
@@ -137,10 +134,7 @@ class OffCpuCollector(StackCollector):
         return self.symbols.unwound(ips, reason) if ips else []
 
     def contribute(self, profile: Profile) -> None:
-        if self.module is not None:
-            self.refresh()
-            self._last = self._read()
-        snap = self._last
+        snap = self.latest()
         profile.offcpu.stacks = [OffCpuStack(s.tid, list(s.frames), s.ns) for s in snap.stacks]
         profile.offcpu.futex = [
             FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns, f.name) for f in snap.futex

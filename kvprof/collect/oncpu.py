@@ -57,9 +57,6 @@ class OnCpuCollector(StackCollector):
     def _detach(self) -> None:
         close_perf_events(self._fds)
 
-    def _keep(self) -> None:
-        self._last = self._read()
-
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
@@ -98,10 +95,7 @@ class OnCpuCollector(StackCollector):
         )
 
     def contribute(self, profile: Profile) -> None:
-        if self.module is not None:
-            self.refresh()
-            self._last = self._read()
-        snap = self._last
+        snap = self.latest()
         profile.oncpu = [CpuStack(s.tid, list(s.frames), s.count) for s in snap.stacks]
         for tid, info in snap.threads.items():
             slot = profile.threads.setdefault(str(tid), ThreadInfo())

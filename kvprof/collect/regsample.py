@@ -99,9 +99,6 @@ class RegsampleCollector(BpfCollector):
     def _detach(self) -> None:
         close_perf_events(self._fds)
 
-    def _keep(self) -> None:
-        self._read()
-
     def _new_samples(self) -> list[_Raw]:
         """Ring slots written since the last read, oldest first; counts the overwritten."""
         end = int(self.table("seq")[ctypes.c_int(0)].value)
@@ -162,7 +159,7 @@ class RegsampleCollector(BpfCollector):
         st.health = percpu_counters(self.table("health"), HEALTH)
 
     def contribute(self, profile: Profile) -> None:
-        self._read()
+        self.latest()  # adds what is new to self._state
         st = self._state
         samples = [
             AddressSample(tid, cpu, addr, ip, *st.meta[(ip, addr)], count=n)

@@ -47,17 +47,14 @@ class RequestsCollector(KvsCollector):
         self._opcodes = opcode_names()
 
     def _read(self) -> _Snapshot:
-        if self.module is None:
-            return self._last
         snap = _Snapshot()
         for k, n in self.table("hist").items():
             snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n.value
         snap.counters = array_counters(self.table("counters"), COUNTERS)
-        self._last = snap
         return snap
 
     def contribute(self, profile: Profile) -> None:
-        snap = self._read()
+        snap = self.latest()
         for opcode, hist in sorted(snap.hist.items()):
             name = self._opcodes.get(opcode, f"opcode_{opcode}")
             profile.requests[name] = RequestStat(
