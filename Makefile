@@ -88,7 +88,7 @@ vagrant-box:
 
 # `vagrant up` of the Vagrantfile with that box under QEMU TCG, in a network
 # namespace of its own; doctor, topology and a record inside, then destroy.
-# Not part of `make test`: 14-27 minutes here, plus 9-17 to build the box on a
+# Not part of `make test`: 14-27 minutes here, plus 6-20 to build the box on a
 # fresh clone (README.md). scripts/vagrant-test.sh.
 vagrant-test: vagrant-box
 	$(AS_ROOT) bash scripts/vagrant-test.sh
