@@ -48,6 +48,7 @@ VIEWS = (
     ("requests", "Requests"),
 )
 # the flame graph `f` writes from each view (kvprof.export KINDS)
+ATTACHING_POLL_S = 0.2  # while collectors attach: the first numbers show this soon after
 FLAME_KIND = {"locks": "locks", "threads": "offcpu"}
 
 HELP = """\
@@ -287,7 +288,9 @@ class TopApp(App[None]):
                 self.draw()
         else:
             self.draw_status()
-        self._timer = self.set_timer(self.interval, self._tick)
+        attaching = getattr(self.source, "attaching", None)
+        delay = ATTACHING_POLL_S if attaching is not None and attaching() else self.interval
+        self._timer = self.set_timer(min(delay, self.interval), self._tick)
 
     def _tick(self) -> None:
         if self.paused:

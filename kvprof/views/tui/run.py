@@ -182,9 +182,9 @@ def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> Non
 
 
 def _run(source: Source, opts: TopOptions, cleanup: Callable[[], object] | None = None) -> int:
+    source.start()  # attaching takes seconds: begin before Textual loads and sets up the screen
     from kvprof.views.tui.app import TopApp
 
-    source.start()  # attaching takes seconds: begin before the screen is set up
     threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()
     app = TopApp(source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True)
     try:
