@@ -135,10 +135,9 @@ class OffCpuCollector(StackCollector):
 
     def contribute(self, profile: Profile) -> None:
         snap = self.latest()
-        profile.offcpu.stacks = [OffCpuStack(s.tid, list(s.frames), s.ns) for s in snap.stacks]
-        profile.offcpu.futex = [
-            FutexWait(f.tid, f.uaddr, list(f.frames), f.waits, f.ns, f.name) for f in snap.futex
-        ]
+        # every read builds new objects and no stage changes them: a snapshot shares them
+        profile.offcpu.stacks = list(snap.stacks)
+        profile.offcpu.futex = list(snap.futex)
         for tid, name in snap.names.items():
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.offcpu_ns = snap.offcpu_ns.get(tid, 0)

@@ -96,7 +96,7 @@ class OnCpuCollector(StackCollector):
 
     def contribute(self, profile: Profile) -> None:
         snap = self.latest()
-        profile.oncpu = [CpuStack(s.tid, list(s.frames), s.count) for s in snap.stacks]
+        profile.oncpu = list(snap.stacks)  # new objects at every read, changed by no stage
         for tid, info in snap.threads.items():
             slot = profile.threads.setdefault(str(tid), ThreadInfo())
             slot.name = info.name or slot.name
