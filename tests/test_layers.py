@@ -8,6 +8,7 @@ no test module imports another (they share tests/support.py)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -80,44 +81,21 @@ def import_graph() -> dict[str, set[str]]:
     return {name: {target for _, target, _ in imports_of(name)} - {name} for name in MODULES}
 
 
-def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's components of `graph`, each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            components.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return components
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node, each sorted: the one
+    Tarjan walk of the tree, scripts/check-includes.py's (it checks the server's C)."""
+    spec = importlib.util.spec_from_file_location("check_includes", REPO / "scripts" / "check-includes.py")
+    assert spec is not None and spec.loader is not None
+    check_includes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_includes)
+    found: list[list[str]] = check_includes.cycles(graph)
+    return found
 
 
-def test_strongly_connected_finds_a_cycle() -> None:
-    """The check itself: a -> b -> c -> a is one component, d alone."""
+def test_cycles_finds_a_cycle() -> None:
+    """The check itself: a -> b -> c -> a is one cycle; d, reached from it, is in none."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
-    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
+    assert cycles(graph) == [["a", "b", "c"]]
 
 
 def test_the_graph_sees_imports_inside_functions() -> None:
@@ -127,9 +105,9 @@ def test_the_graph_sees_imports_inside_functions() -> None:
 
 def test_no_import_cycle() -> None:
     graph = import_graph()
-    cycles = [c for c in strongly_connected(graph) if len(c) > 1]
-    described = [{m: sorted(graph[m] & set(c)) for m in c} for c in cycles]
-    assert not cycles, f"import cycles in kvprof/ (module -> its imports in the cycle): {described}"
+    found = cycles(graph)
+    described = [{m: sorted(graph[m] & set(c)) for m in c} for c in found]
+    assert not found, f"import cycles in kvprof/ (module -> its imports in the cycle): {described}"
 
 
 def test_no_private_name_is_imported_from_another_module() -> None:
