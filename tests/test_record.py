@@ -24,7 +24,7 @@ from support import KVPROF, kvload, record, semaphores
 from kvprof.model.profile import Profile
 from kvprof.system.servers import Server, start_kvcached
 
-ENOUGH_WAITS = 50  # contended topkeys waits for a 10 % comparison with the server's count
+ENOUGH_WAITS = 50  # contended topkeys waits for comparing their total wait time with the server's within 10 %
 
 
 def assert_nothing_attached(server: Server) -> None:
