@@ -20,7 +20,7 @@ from kvprof.collect import CollectOptions
     ("argv", "where"),
     [
         (["record", "-p", "1"], "kvprof.record:RecordOptions"),
-        (["top", "-p", "1"], "kvprof.views.tui.run:TopOptions"),
+        (["top", "-p", "1"], "kvprof.tui.run:TopOptions"),
         (["exporter", "-p", "1"], "kvprof.views.prometheus:ExporterOptions"),
     ],
 )

@@ -1,6 +1,6 @@
 """The layering rules of docs/design.md, checked on the source and on what
 importing each room loads: bcc is imported only in kvprof/collect/, textual
-only in kvprof/views/tui/; the import graph of kvprof/ has no cycle (imports
+only in kvprof/tui/; the import graph of kvprof/ has no cycle (imports
 inside functions included); each room loads no module of a later stage; no
 module imports another's `_private` names; kvprof/'s top level stays small;
 no test module imports another (they share tests/support.py)."""
@@ -33,7 +33,7 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-@pytest.mark.parametrize(("module", "home"), [("bcc", "collect"), ("textual", "views/tui")])
+@pytest.mark.parametrize(("module", "home"), [("bcc", "collect"), ("textual", "tui")])
 def test_module_is_imported_only_in_its_package(module: str, home: str) -> None:
     outside = [
         str(p.relative_to(KVPROF.parent))
@@ -155,21 +155,23 @@ def test_the_package_root_imports_nothing_of_kvprof() -> None:
 # the plain-dataclass room every stage may load; system (doctor, the server launcher)
 # reads ELF and server stats through collect; bench and the commands are clients.
 SESSION = "kvprof.collect.session"
+VIEWS = ("kvprof.views", "kvprof.tui")  # what a person reads: report and exporter; top
 CLIENTS = ("kvprof.commands", "kvprof.cli", "kvprof.bench", "kvprof.demo", "kvprof.record")
 LATER = {
-    "kvprof.model": ("kvprof.collect", "kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system",
+    "kvprof.model": ("kvprof.collect", "kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.system",
                      *CLIENTS),
-    "kvprof.collect": (SESSION, "kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system",
+    "kvprof.collect": (SESSION, "kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.system",
                        *CLIENTS),
-    SESSION: ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system", *CLIENTS),
-    "kvprof.analysis": ("kvprof.collect", "kvprof.views", "kvprof.export", "kvprof.system", *CLIENTS),
-    "kvprof.export": ("kvprof.collect", "kvprof.views", "kvprof.system", *CLIENTS),
+    SESSION: ("kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.system", *CLIENTS),
+    "kvprof.analysis": ("kvprof.collect", *VIEWS, "kvprof.export", "kvprof.system", *CLIENTS),
+    "kvprof.export": ("kvprof.collect", *VIEWS, "kvprof.system", *CLIENTS),
     "kvprof.views": CLIENTS,
-    "kvprof.system": ("kvprof.analysis", "kvprof.views", "kvprof.export", *CLIENTS),
-    "kvprof.bench": ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.commands", "kvprof.cli"),
+    "kvprof.tui": CLIENTS,
+    "kvprof.system": ("kvprof.analysis", *VIEWS, "kvprof.export", *CLIENTS),
+    "kvprof.bench": ("kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.commands", "kvprof.cli"),
     # building the parser (`kvprof --help`) loads no stage: each command imports its
     # stage when it runs (kvprof.collect only for the collectors' defaults, without bcc)
-    "kvprof.commands": ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system", "kvprof.bench",
+    "kvprof.commands": ("kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.system", "kvprof.bench",
                         SESSION, "kvprof.record", "kvprof.demo"),
 }  # fmt: skip
 
@@ -209,7 +211,7 @@ def test_a_room_loads_no_later_stage(room: str) -> None:
 
 # rooms whose run-time imports (inside functions) may reach a later stage: the
 # commands import their stage when they run, `top --demo` starts the demo
-LAZY_CLIENTS = ("kvprof.commands", "kvprof.views")
+LAZY_CLIENTS = ("kvprof.commands", *VIEWS)
 
 
 @pytest.mark.parametrize("room", sorted(r for r in LATER if r not in LAZY_CLIENTS))

@@ -290,7 +290,7 @@ def test_top_live_source_takes_python_stacks_from_py_spy(
 ) -> None:
     """`kvprof top -p PID` on a CPython process: the on-CPU view is py-spy's
     Python stacks (the hot function on top), off-CPU comes from BPF."""
-    from kvprof.views.tui.sources import LiveSource
+    from kvprof.tui.sources import LiveSource
 
     server = kvcached_factory("-t", "1")
     client = pyclient(server, 90)

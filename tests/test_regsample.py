@@ -216,10 +216,10 @@ def test_recorded_false_sharing_in_every_view() -> None:
     from kvprof.analysis.findings import find
     from kvprof.model.delta import delta
     from kvprof.model.topology import Topology
+    from kvprof.tui import data
+    from kvprof.tui.data import Sample, Timeline, build_frame
     from kvprof.views.prometheus import Labeler, profile_metrics
     from kvprof.views.report import to_json
-    from kvprof.views.tui import data
-    from kvprof.views.tui.data import Sample, Timeline, build_frame
 
     p = Profile.load(FIXTURE)
     p.findings = find(p)  # as this kvprof finds them

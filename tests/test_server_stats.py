@@ -21,8 +21,8 @@ from textual.widgets import Static
 from kvprof.collect.server_stats import general_stats, ops_total, server_stats
 from kvprof.model.profile import Profile
 from kvprof.system.servers import Server, start_memcached, start_redis
-from kvprof.views.tui.app import TopApp
-from kvprof.views.tui.sources import LiveSource
+from kvprof.tui.app import TopApp
+from kvprof.tui.sources import LiveSource
 
 
 @pytest.fixture

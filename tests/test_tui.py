@@ -18,10 +18,10 @@ from support import KVPROF, halved
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
-from kvprof.views.tui.app import FindingScreen, HelpScreen, TopApp
-from kvprof.views.tui.data import Sample
-from kvprof.views.tui.sources import ReplaySource
-from kvprof.views.tui.widgets import OverviewPanel, StacksPanel
+from kvprof.tui.app import FindingScreen, HelpScreen, TopApp
+from kvprof.tui.data import Sample
+from kvprof.tui.sources import ReplaySource
+from kvprof.tui.widgets import OverviewPanel, StacksPanel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 VIEWS = ("overview", "stacks", "locks", "lines", "threads", "requests")

@@ -10,8 +10,8 @@ import pytest
 from support import halved
 
 from kvprof.model.profile import Profile
-from kvprof.views.tui import data
-from kvprof.views.tui.data import Sample, Timeline, build_frame
+from kvprof.tui import data
+from kvprof.tui.data import Sample, Timeline, build_frame
 
 FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 
@@ -22,7 +22,7 @@ def fixture() -> Profile:
 
 def test_data_layer_does_not_import_textual() -> None:
     """The data layer and the sources stay importable (and testable) without textual."""
-    code = "import sys, kvprof.views.tui.data, kvprof.views.tui.sources; sys.exit('textual' in sys.modules)"
+    code = "import sys, kvprof.tui.data, kvprof.tui.sources; sys.exit('textual' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

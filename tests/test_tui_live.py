@@ -11,9 +11,9 @@ from support import assert_detached, kvload
 from textual.widgets import Static
 
 from kvprof.system.servers import Server
-from kvprof.views.tui.app import TopApp
-from kvprof.views.tui.sources import LiveSource
-from kvprof.views.tui.widgets import OverviewPanel
+from kvprof.tui.app import TopApp
+from kvprof.tui.sources import LiveSource
+from kvprof.tui.widgets import OverviewPanel
 
 DEADLINE_S = 10.0  # the promise: the topkeys lock named within 10 s of start
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 
-from kvprof.views.tui.app import TopApp
-from kvprof.views.tui.sources import ReplaySource
+from kvprof.tui.app import TopApp
+from kvprof.tui.sources import ReplaySource
 
 FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 FROZEN = 1_800_000_000.0

@@ -23,8 +23,8 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from kvprof import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
-from kvprof.views.tui.app import VIEWS, TopApp  # noqa: E402
-from kvprof.views.tui.sources import LiveSource  # noqa: E402
+from kvprof.tui.app import VIEWS, TopApp  # noqa: E402
+from kvprof.tui.sources import LiveSource  # noqa: E402
 
 SIZE = (132, 40)
 SETTLE_S = 8.0  # after the last collector attached: the "recent" window is full by then

@@ -71,38 +71,22 @@ class ElfFile:
         self.is64 = d[4] == 2
         self.endian = "<" if d[5] == 1 else ">"
         e = self.endian
-        if self.is64:
-            (
-                self.type,
-                self.machine,
-                _,
-                _,
-                phoff,
-                shoff,
-                _,
-                _,
-                phentsize,
-                phnum,
-                shentsize,
-                shnum,
-                shstrndx,
-            ) = struct.unpack_from(e + "HHIQQQIHHHHHH", d, 16)
-        else:
-            (
-                self.type,
-                self.machine,
-                _,
-                _,
-                phoff,
-                shoff,
-                _,
-                _,
-                phentsize,
-                phnum,
-                shentsize,
-                shnum,
-                shstrndx,
-            ) = struct.unpack_from(e + "HHIIIIIHHHHHH", d, 16)
+        header = "HHIQQQIHHHHHH" if self.is64 else "HHIIIIIHHHHHH"  # e_type .. e_shstrndx
+        (
+            self.type,
+            self.machine,
+            _,
+            _,
+            phoff,
+            shoff,
+            _,
+            _,
+            phentsize,
+            phnum,
+            shentsize,
+            shnum,
+            shstrndx,
+        ) = struct.unpack_from(e + header, d, 16)
         self.segments: list[Segment] = []
         for i in range(phnum):
             off = phoff + i * phentsize

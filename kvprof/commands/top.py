@@ -54,6 +54,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.views.tui.run import TopOptions, main
+    from kvprof.tui.run import TopOptions, main
 
     return main(options(TopOptions, args))

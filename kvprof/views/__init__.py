@@ -1,1 +1,1 @@
-"""Rooms a person reads: the report text, the live TUI, the Prometheus exporter."""
+"""What a person reads: the report text and the Prometheus exporter (the live view is kvprof.tui)."""

@@ -20,7 +20,7 @@ from kvprof.collect import HZ
 from kvprof.model.profile import ProfileError
 
 if TYPE_CHECKING:
-    from kvprof.views.tui.sources import Source
+    from kvprof.tui.sources import Source
 
 TERMINAL_CHECK_S = 1.0  # how often top looks whether its terminal is still there
 LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching is not done
@@ -73,7 +73,7 @@ def main(opts: TopOptions) -> int:
 
 
 def _main(opts: TopOptions) -> int:
-    from kvprof.views.tui.sources import LiveSource, ReplaySource
+    from kvprof.tui.sources import LiveSource, ReplaySource
 
     source: Source
     if opts.replay is not None:
@@ -103,7 +103,7 @@ def _demo(opts: TopOptions) -> int:
 
     from kvprof import demo
     from kvprof.system.servers import TargetError, kvload_binary, start_kvcached
-    from kvprof.views.tui.sources import LiveSource
+    from kvprof.tui.sources import LiveSource
 
     try:
         kvload_binary()
@@ -183,7 +183,7 @@ def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> Non
 
 def _run(source: Source, opts: TopOptions, cleanup: Callable[[], object] | None = None) -> int:
     source.start()  # attaching takes seconds: begin before Textual loads and sets up the screen
-    from kvprof.views.tui.app import TopApp
+    from kvprof.tui.app import TopApp
 
     threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()
     app = TopApp(source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True)

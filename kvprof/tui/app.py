@@ -26,10 +26,10 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
-from kvprof.views.tui import data
-from kvprof.views.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
-from kvprof.views.tui.sources import Source
-from kvprof.views.tui.widgets import (
+from kvprof.tui import data
+from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
+from kvprof.tui.sources import Source
+from kvprof.tui.widgets import (
     LinesPanel,
     LocksPanel,
     OverviewPanel,

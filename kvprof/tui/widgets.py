@@ -1,4 +1,4 @@
-"""The views of `kvprof top`: each panel draws a Frame's rows (kvprof.views.tui.data).
+"""The views of `kvprof top`: each panel draws a Frame's rows (kvprof.tui.data).
 
 A panel's `show(frame, needle)` is the only way data gets in; it keeps the
 highlighted row across refreshes by row key. `needle` is the `/` filter: a
@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Sparkline, Static
 from textual.widgets.data_table import RowDoesNotExist
 
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate
-from kvprof.views.tui import data
-from kvprof.views.tui.data import Frame, num, pct
+from kvprof.tui import data
+from kvprof.tui.data import Frame, num, pct
 
 SEVERITY_STYLE = {"critical": "bold white on red", "warning": "bold black on yellow", "info": "dim"}
 SEVERITY_LABEL = {"critical": "CRIT", "warning": "WARN", "info": "info"}

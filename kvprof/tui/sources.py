@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvprof.collect import HZ
 from kvprof.model.profile import Profile
-from kvprof.views.tui.data import Sample
+from kvprof.tui.data import Sample
 
 if TYPE_CHECKING:
     from kvprof.collect.session import Session
