@@ -18,6 +18,8 @@ of both CPUs at 99 Hz). `record` reads it once, at the end of its window;
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -67,6 +69,13 @@ class _State:
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
 
+def _import_decode() -> None:
+    try:
+        import kvprof.collect.decode  # noqa: F401
+    except ImportError:
+        pass  # attach() says it
+
+
 class RegsampleCollector(BpfCollector):
     name = "regsample"
 
@@ -80,19 +89,24 @@ class RegsampleCollector(BpfCollector):
         self._fds: list[int] = []
 
     def program(self) -> Program:
-        try:  # capstone and pyelftools come from Debian, like BCC
-            from kvprof.collect.decode import Process
-        except ImportError as e:
+        missing = [m for m in ("capstone", "elftools") if importlib.util.find_spec(m) is None]
+        if missing:  # both come from Debian, like BCC
             raise CollectError(
-                f"regsample: {e}: run scripts/provision.sh (python3-capstone, python3-pyelftools)"
-            ) from None
-        self._process = Process(self.pid)
+                f"regsample: no module named {missing[0]!r}: "
+                "run scripts/provision.sh (python3-capstone, python3-pyelftools)"
+            )
+        # Importing capstone takes ~0.25 s of CPU here (docs/record.md): done
+        # meanwhile, while BCC compiles (which leaves the GIL), not after it.
+        threading.Thread(target=_import_decode, name="kvprof-capstone", daemon=True).start()
         text = source(self.name).read_text()
         return Program(self.name, text, [f"-DREGSAMPLE_RING={RING}", f"-DREGSAMPLE_THREADS={MAX_THREADS}"])
 
     def _attach(self, module: Module) -> None:
-        if self._process is None:
-            self.program()
+        try:
+            from kvprof.collect.decode import Process  # waits for _import_decode's import
+        except ImportError as e:
+            raise CollectError(f"regsample: {e}: run scripts/provision.sh") from None
+        self._process = Process(self.pid)
         self._names.refresh()
         self._fds = attach_cpu_clock(module.bpf, "regsample_on_sample", self.opts.hz, self.name)
 

@@ -40,13 +40,11 @@ if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
     from kvprof.collect.bpf import Module, Program
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
-# The attach order: what names the contention soonest first. On kvs targets the lock and
-# cache-line programs compile in a second or two each, the on-CPU one takes several (a
-# live view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
+# The attach order, after the one compile: what names the contention soonest first (a live
+# view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
 KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
 GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
-# collectors that walk and symbolize stacks: their programs take most of the compile, and
-# their maps most of a read
+# collectors that walk and symbolize stacks: their maps take most of a read
 STACK_COLLECTORS = ("oncpu", "offcpu", "regsample")
 NO_BPF = ("pyspy", "perf")  # modules that run a program beside the target instead of loading BPF
 PERF_ONLY = "not run: --backend perf takes on-CPU stacks only"
@@ -150,9 +148,9 @@ class Session:
     def start(self, on_state: Callable[[str, str], None] | None = None) -> None:
         """Attach every collector, then start the window (opts.live: the first attach
         starts it). py-spy and perf, which compile nothing, start first; the programs
-        of every BPF collector are compiled as one module (opts.live: two, the
-        stack walkers' last, so the first numbers come sooner), then each is
-        attached in the attach order. `on_state(name, state)` hears each collector's state as it
+        of every BPF collector are compiled as one module (one clang run and one
+        kernel-symbol load in BCC: a live view too, see docs/record.md), then
+        each is attached in the attach order. `on_state(name, state)` hears each collector's state as it
         changes, from this thread: "compiling" (BPF), "attaching", then "ok",
         "not applicable: ...", "failed: ..." or "not attached: the session was
         closed". A close() from another thread meanwhile ends start() early, with
@@ -179,14 +177,9 @@ class Session:
                         with_bpf.append(collector)
                     else:
                         self._start(collector, None, on_state)
-                groups = [with_bpf]
-                if self.opts.live:  # a live view names the kvs spots first: compile theirs first
-                    quick = [c for c in with_bpf if c.name not in STACK_COLLECTORS]
-                    groups = [g for g in (quick, [c for c in with_bpf if c not in quick]) if g]
-                for group in groups:
-                    for module, collectors in self._compile(group, on_state):
-                        for collector in collectors:
-                            self._start(collector, module, on_state)
+                for module, collectors in self._compile(with_bpf, on_state):
+                    for collector in collectors:
+                        self._start(collector, module, on_state)
                 if self._closed:
                     return
                 if self._base is None:

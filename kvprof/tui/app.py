@@ -48,7 +48,6 @@ VIEWS = (
     ("requests", "Requests"),
 )
 # the flame graph `f` writes from each view (kvprof.export KINDS)
-ATTACHING_POLL_S = 0.2  # while collectors attach: the first numbers show this soon after
 FLAME_KIND = {"locks": "locks", "threads": "offcpu"}
 
 HELP = """\
@@ -289,8 +288,15 @@ class TopApp(App[None]):
         else:
             self.draw_status()
         attaching = getattr(self.source, "attaching", None)
-        delay = ATTACHING_POLL_S if attaching is not None and attaching() else self.interval
-        self._timer = self.set_timer(min(delay, self.interval), self._tick)
+        if attaching is not None and attaching():
+            self.run_worker(self._after_change, thread=True, group="poll", exit_on_error=False)
+        else:
+            self._timer = self.set_timer(self.interval, self._tick)
+
+    def _after_change(self) -> None:
+        """While collectors attach: the next poll once one attaches (or an interval passes)."""
+        self.source.wait_change(self.interval)
+        self.call_from_thread(self._tick)
 
     def _tick(self) -> None:
         if self.paused:

@@ -7,6 +7,10 @@ Both have the same small interface, called from the app's refresh worker
     poll()   -> list[Sample]    what is new since the last poll ([] when nothing)
     close()  -> None            stop and detach everything; idempotent
 
+and the live one, while it attaches, `attaching() -> bool` and
+`wait_change(timeout)`: the app polls once per collector attached rather than
+at a fixed pace, so the compile has the CPU.
+
 The live source starts one Session (kvprof/collect/session.py) in a thread of its
 own: the session attaches its collectors one after another, fastest-to-name-the-
 contention first, and starts the window at the first attach (opts.live), so the
@@ -102,6 +106,8 @@ class LiveSource:
         self.error = ""  # why nothing could attach
         self.compiling = ""  # the collector being compiled and attached now
         self._changed = threading.Condition()  # a collector's state changed
+        self._changes = 0  # how many times one did; poll() notes how many it has seen
+        self._polled_changes = 0
         self._poll_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._stop = threading.Event()
@@ -125,6 +131,7 @@ class LiveSource:
         self.compiling = name if pending else ""
         with self._changed:
             self.states[name] = "attaching" if pending else state
+            self._changes += not pending  # the screen shows the pending ones alike
             self._changed.notify_all()
 
     def wait_attached(self, names: tuple[str, ...], timeout: float) -> bool:
@@ -137,6 +144,18 @@ class LiveSource:
 
         with self._changed:
             return self._changed.wait_for(settled, timeout)
+
+    def wait_change(self, timeout: float) -> None:
+        """Return once a collector attached or failed since the last poll(), attaching
+        ended, the source stopped, or `timeout` passed: while collectors attach, the
+        screen is redrawn when one does, not at a fixed pace (every poll reads the
+        maps and builds a frame: CPU the compiling thread needs)."""
+
+        def changed() -> bool:
+            return self._changes != self._polled_changes or self._stop.is_set()
+
+        with self._changed:
+            self._changed.wait_for(changed, timeout)
 
     def _attach(self) -> None:
         from kvprof.collect import CollectError
@@ -155,13 +174,18 @@ class LiveSource:
         finally:
             self.compiling = ""
             with self._changed:
+                self._changes += 1  # attaching ended
                 self._changed.notify_all()
 
     def stopped(self) -> bool:
         return self._stop.is_set()
 
     def attaching(self) -> bool:
-        return self._attacher is not None and self._attacher.is_alive()
+        """True until every collector attached or failed and a poll has seen that."""
+        if self._attacher is not None and self._attacher.is_alive():
+            return True
+        with self._changed:
+            return self._changes != self._polled_changes and not self._stop.is_set()
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -172,11 +196,14 @@ class LiveSource:
             if self._closed:
                 return []
             at = time.monotonic() - self._t0
+            with self._changed:
+                seen = self._changes  # a change after this point gets a poll of its own
             is_alive = alive(self.pid)
             stats = self.session.stats(("",), timeout=0.5).get("general") if is_alive else None
             # the window starts with the first collector attached
             profile = self.session.snapshot() if self.session.started_at else None
             with self._changed:
+                self._polled_changes = seen
                 if profile is not None:
                     self.states.update(profile.status.collectors)
                 states = dict(self.states)
