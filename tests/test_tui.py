@@ -239,6 +239,12 @@ class EndingSource:
     def close(self) -> None:
         self.closed = True
 
+    def attaching(self) -> bool:
+        return False
+
+    def wait_change(self, timeout: float) -> None:
+        pass
+
 
 def test_target_exit_shows_a_banner_and_keeps_the_data(tmp_path: Path) -> None:
     """When the target exits a banner says so and the findings stay on screen."""

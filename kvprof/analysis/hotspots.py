@@ -16,6 +16,7 @@ the first one that matches wins, so the general ones come last.
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ def is_kernel(frame: str) -> bool:
     return frame.endswith("_[k]")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # top asks again for the same frames every interval
 def normalize(name: str) -> str:
     """A frame, lock or site name without kernel marker, offset or arguments."""
     if name.endswith("_[k]"):
@@ -94,6 +96,7 @@ LOCK_WRAPPERS = frozenset(
 _INTERNAL = re.compile(r"^(_+(lll|pthread|GI|futex|libc)|lll_|.*\blib(c|pthread)[.-].*\+0x)")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_wrapper(frame: str) -> bool:
     """True for lock/futex plumbing and unsymbolized libc frames."""
     if is_kernel(frame):

@@ -137,7 +137,10 @@ def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
 
 def futex_label(waits: list[FutexWait]) -> str:
     """What to call the futex of these waits: its data symbol or region, else its address."""
-    return next((w.name for w in waits if w.name), f"futex {waits[0].uaddr:#x}" if waits else "futex")
+    for w in waits:
+        if w.name:
+            return w.name
+    return f"futex {waits[0].uaddr:#x}" if waits else "futex"
 
 
 def _ranked(sites: dict[str, Waits]) -> list[tuple[str, Waits]]:

@@ -10,6 +10,7 @@ contract is in kvprof/collect/__init__.py.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -245,6 +246,21 @@ def attach_cpu_clock(bpf: Any, fn_name: str, hz: int, who: str) -> list[int]:
 def close_perf_events(fds: list[int]) -> None:
     while fds:
         lib.bpf_close_perf_event_fd(fds.pop())
+
+
+def map_items(table: Any) -> list[tuple[Any, Any]]:
+    """Every (key, value) of a map, integer keys and values as int, in one
+    BPF_MAP_LOOKUP_BATCH (Linux 5.6; BCC's items() makes two syscalls and a
+    Python round per entry, and a live view reads every map each interval),
+    else by BCC's items()."""
+    try:
+        return list(table.items_lookup_batch())  # an array of a ctypes integer gives int
+    except Exception:  # BCC raises a plain Exception when the kernel has no batch ops
+        return [(_plain(k), _plain(v)) for k, v in table.items()]
+
+
+def _plain(x: Any) -> Any:
+    return x.value if isinstance(x, ctypes._SimpleCData) else x
 
 
 def percpu_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:

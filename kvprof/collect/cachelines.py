@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, cstr
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, cstr, map_items
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
@@ -126,17 +126,17 @@ class CachelinesCollector(KvsCollector):
 
     def _read(self) -> _Snapshot:
         snap = _Snapshot()
-        for k, v in self.table("lines").items():
+        for k, v in map_items(self.table("lines")):
             snap.rows.append(
                 LineRow(cstr(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
             )
             self._names.first_seen(k.tid)
-        for k, n in self.table("hist").items():
+        for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault((cstr(k.site), k.line), [0] * HIST_SLOTS)
-            h[min(k.slot, HIST_SLOTS - 1)] += n.value
-        for k, n in self.table("matrix").items():
+            h[min(k.slot, HIST_SLOTS - 1)] += n
+        for k, n in map_items(self.table("matrix")):
             cell = snap.matrix.setdefault((cstr(k.site), k.line), {})
-            cell[(k.__getattribute__("from"), k.to)] = n.value
+            cell[(k.__getattribute__("from"), k.to)] = n
         snap.counters = array_counters(self.table("counters"), COUNTERS)
         return snap
 

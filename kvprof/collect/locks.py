@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr
+from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr, map_items
 from kvprof.collect.symbols import Symbolizer
 from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
 
@@ -56,19 +56,23 @@ class LocksCollector(KvsCollector):
         self._symbols = Symbolizer(pid)
         self._last = _Snapshot()
         self._names = ThreadNames(pid)
+        self._frames: dict[int, list[str]] = {}
 
     def _read(self) -> _Snapshot:
         snap = _Snapshot()
         stacks = self.table("stacks")
-        for k, v in self.table("waits").items():
+        for k, v in map_items(self.table("waits")):
             row = LockRow(cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
             snap.rows.append(row)
             if row.stack_id not in snap.frames:
-                snap.frames[row.stack_id] = self._symbols.stack(stacks, row.stack_id)
+                frames = self._frames.get(row.stack_id)
+                if frames is None:  # a stack id's frames never change: each is walked once
+                    frames = self._frames[row.stack_id] = self._symbols.stack(stacks, row.stack_id)
+                snap.frames[row.stack_id] = frames
             self._names.first_seen(row.tid)
-        for k, n in self.table("hist").items():
+        for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
-            h[min(k.slot, HIST_SLOTS - 1)] += n.value
+            h[min(k.slot, HIST_SLOTS - 1)] += n
         snap.counters = array_counters(self.table("counters"), COUNTERS)
         return snap
 

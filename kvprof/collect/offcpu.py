@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprof.collect import CollectOptions
-from kvprof.collect.bpf import Module, Program, percpu_counters, warn
+from kvprof.collect.bpf import Module, Program, map_items, percpu_counters, warn
 from kvprof.collect.stacks import StackCollector
 from kvprof.collect.symbols import DataNames
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
@@ -97,18 +97,16 @@ class OffCpuCollector(StackCollector):
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
-        stacks = self.table("stacks")
-        ustacks = self.user_stacks()
         scale = max(1, self.opts.offcpu_sample)
         off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
-        for key, value in self.table("periods").items():
-            user = self._user(ustacks, int(key.user_stack))
-            kernel = self.symbols.stack(stacks, key.kernel_stack, kernel=True)
-            off[(int(key.tid), tuple(user + kernel))] += int(value.value) * scale
-        per_thread = {int(k.value): int(v.total_ns) for k, v in self.table("threads").items() if v.total_ns}
+        for key, value in map_items(self.table("periods")):
+            frames, _ = self.frames(int(key.user_stack), int(key.kernel_stack))
+            off[(int(key.tid), frames)] += int(value) * scale
+        threads = map_items(self.table("threads"))
+        per_thread = {int(k): int(v.total_ns) for k, v in threads if v.total_ns}
         futex: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for key, value in self.table("futex").items():
-            frames = tuple(self._user(ustacks, int(key.user_stack)))
+        for key, value in map_items(self.table("futex")):
+            frames, _ = self.frames(int(key.user_stack), -1)
             slot = futex.setdefault((int(key.tid), int(key.uaddr), frames), [0, 0])
             slot[0] += int(value.waits)
             slot[1] += int(value.ns)
@@ -128,10 +126,6 @@ class OffCpuCollector(StackCollector):
             names={tid: self.names.get(tid) for tid in tids},
             health=percpu_counters(self.table("health"), HEALTH),
         )
-
-    def _user(self, ustacks: dict[int, tuple[list[int], str]], key: int) -> list[str]:
-        ips, reason = ustacks.get(key, ([], "root"))
-        return self.symbols.unwound(ips, reason) if ips else []
 
     def contribute(self, profile: Profile) -> None:
         snap = self.latest()

@@ -22,6 +22,7 @@ from kvprof.collect.bpf import (
     attach_cpu_clock,
     close_perf_events,
     cstr,
+    map_items,
     percpu_counters,
     warn,
 )
@@ -60,25 +61,21 @@ class OnCpuCollector(StackCollector):
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
-        stacks = self.table("stacks")
-        ustacks = self.user_stacks()
-        comms = {int(k.value): cstr(v.name) for k, v in self.table("comms").items()}
+        comms = {int(k): cstr(v.name) for k, v in map_items(self.table("comms"))}
         by_stack: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         threads: dict[int, ThreadInfo] = {}
         stops: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for key, value in self.table("counts").items():
-            n = int(value.value)
+        for key, value in map_items(self.table("counts")):
+            n = int(value)
             tid = int(key.tid)
-            ips, reason = ustacks.get(int(key.user_stack), ([], "stack not readable"))
-            user = self.symbols.unwound(ips, reason) if ips else []
-            kernel = self.symbols.stack(stacks, key.kernel_stack, kernel=True)
             # Root first: the user stack, then the kernel frames at the leaf end.
-            by_stack[(tid, tuple(user + kernel))] += n
+            frames, reason = self.frames(int(key.user_stack), int(key.kernel_stack))
+            by_stack[(tid, frames)] += n
             info = threads.setdefault(tid, ThreadInfo(name=self.names.get(tid, comms.get(tid, ""))))
             info.cpu_samples += n
             socket = str(self.opts.topology.socket_of(int(key.cpu)))
             info.sockets[socket] = info.sockets.get(socket, 0) + n
-            if ips and reason != "root":
+            if reason is not None and reason != "root":
                 stops[tid][reason] += n
         for tid, info in threads.items():
             info.sockets = dict(sorted(info.sockets.items()))

@@ -32,6 +32,7 @@ from kvprof.collect.bpf import (
     ThreadNames,
     attach_cpu_clock,
     close_perf_events,
+    map_items,
     percpu_counters,
     source,
     warn,
@@ -121,7 +122,7 @@ class RegsampleCollector(BpfCollector):
             self._next = end - RING
         ring = self.table("ring")
         if end - self._next > _BATCH:
-            slots = {int(getattr(k, "value", k)): v for k, v in ring.items_lookup_batch()}
+            slots = {int(k): v for k, v in map_items(ring)}
         else:
             slots = {i % RING: ring[ctypes.c_int(i % RING)] for i in range(self._next, end)}
         out: list[_Raw] = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, PROBES_DIR, CollectOptions
-from kvprof.collect.bpf import KvsCollector, array_counters
+from kvprof.collect.bpf import KvsCollector, array_counters, map_items
 from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
 
@@ -48,8 +48,8 @@ class RequestsCollector(KvsCollector):
 
     def _read(self) -> _Snapshot:
         snap = _Snapshot()
-        for k, n in self.table("hist").items():
-            snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n.value
+        for k, n in map_items(self.table("hist")):
+            snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n
         snap.counters = array_counters(self.table("counters"), COUNTERS)
         return snap
 

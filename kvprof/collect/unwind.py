@@ -468,21 +468,20 @@ class Unwinder:
         return None
 
 
-def read_stacks(table: Any, known: dict[int, tuple[list[int], str]]) -> dict[int, tuple[list[int], str]]:
-    """The `ustacks` map: key -> (ips leaf first, why the walk stopped), added to
-    `known` and returned. An entry never changes once stored (its key is the
-    stack's hash), so only the keys not in `known` are looked up: a live view
-    reads the map every second."""
-    for key in table:
-        if int(key.value) in known:
-            continue
-        try:
-            value = table[key]
-        except KeyError:
-            continue
-        n = min(int(value.len), UNWIND_FRAMES)
-        known[int(key.value)] = (
-            [int(value.ips[i]) for i in range(n)],
-            STOP_REASONS[min(int(value.reason), len(STOP_REASONS) - 1)],
-        )
-    return known
+def read_stack(table: Any, key: int, known: dict[int, tuple[list[int], str]]) -> tuple[list[int], str] | None:
+    """Entry `key` of the `ustacks` map: (ips leaf first, why the walk stopped),
+    kept in `known`; None when the map has no such entry. An entry never changes
+    once stored (its key is the stack's hash), so each is looked up once: a live
+    view reads the aggregation maps every second."""
+    stack = known.get(key)
+    if stack is not None:
+        return stack
+    try:
+        value = table[table.Key(key)]
+    except KeyError:
+        return None
+    n = min(int(value.len), UNWIND_FRAMES)
+    reason = STOP_REASONS[min(int(value.reason), len(STOP_REASONS) - 1)]
+    stack = ([int(value.ips[i]) for i in range(n)], reason)
+    known[key] = stack
+    return stack

@@ -46,23 +46,36 @@ def _threads(new: dict[str, ThreadInfo], old: dict[str, ThreadInfo]) -> dict[str
     return out
 
 
+# The stack lists hold every stack since the session began, most unchanged in
+# the last interval: an entry is copied only when it changed (a live view takes
+# two deltas each interval).
+
+
 def _oncpu(new: list[CpuStack], old: list[CpuStack]) -> list[CpuStack]:
     before = {(s.tid, tuple(s.frames)): s.count for s in old}
-    out = [replace(s, count=s.count - before.get((s.tid, tuple(s.frames)), 0)) for s in new]
-    return [s for s in out if s.count > 0]
+    out = []
+    for s in new:
+        n = s.count - before.get((s.tid, tuple(s.frames)), 0)
+        if n > 0:
+            out.append(replace(s, count=n))
+    return out
 
 
 def _offcpu(new: OffCpu, old: OffCpu) -> OffCpu:
     ns = {(s.tid, tuple(s.frames)): s.ns for s in old.stacks}
     fx = {(f.tid, f.uaddr, tuple(f.frames)): f for f in old.futex}
-    stacks = [replace(s, ns=s.ns - ns.get((s.tid, tuple(s.frames)), 0)) for s in new.stacks]
+    stacks = []
+    for s in new.stacks:
+        d = s.ns - ns.get((s.tid, tuple(s.frames)), 0)
+        if d > 0:
+            stacks.append(replace(s, ns=d))
     futex: list[FutexWait] = []
     for f in new.futex:
         o = fx.get((f.tid, f.uaddr, tuple(f.frames)))
-        d = replace(f, waits=f.waits - (o.waits if o else 0), ns=f.ns - (o.ns if o else 0))
-        if d.waits > 0 or d.ns > 0:
-            futex.append(d)
-    return OffCpu(stacks=[s for s in stacks if s.ns > 0], futex=futex)
+        waits, wait_ns = f.waits - (o.waits if o else 0), f.ns - (o.ns if o else 0)
+        if waits > 0 or wait_ns > 0:
+            futex.append(replace(f, waits=waits, ns=wait_ns))
+    return OffCpu(stacks=stacks, futex=futex)
 
 
 def _locks(new: list[LockStat], old: list[LockStat]) -> list[LockStat]:

@@ -30,6 +30,7 @@ from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
 from kvprof.tui.sources import Source
 from kvprof.tui.widgets import (
+    Line,
     LinesPanel,
     LocksPanel,
     OverviewPanel,
@@ -207,7 +208,7 @@ class TopApp(App[None]):
     # ---- layout -------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="banner")
+        yield Line(id="banner")
         with TabbedContent(initial="overview", id="tabs"):
             panels: list[Panel] = [
                 OverviewPanel(),
@@ -221,7 +222,7 @@ class TopApp(App[None]):
                 with TabPane(f"{i} {name}", id=view):
                     yield panel
         yield Input(placeholder="filter rows (Enter: keep, Esc: clear)", id="filter")
-        yield Static(id="status")
+        yield Line(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -287,8 +288,7 @@ class TopApp(App[None]):
                 self.draw()
         else:
             self.draw_status()
-        attaching = getattr(self.source, "attaching", None)
-        if attaching is not None and attaching():
+        if self.source.attaching():
             self.run_worker(self._after_change, thread=True, group="poll", exit_on_error=False)
         else:
             self._timer = self.set_timer(self.interval, self._tick)
@@ -321,9 +321,9 @@ class TopApp(App[None]):
 
     def draw_status(self) -> None:
         frame = self.frame
-        banner = self.query_one("#banner", Static)
+        banner = self.query_one("#banner", Line)
         ended = frame.status.ended if frame is not None else ""
-        banner.update(ended)
+        banner.set_text(ended)
         banner.set_class(bool(ended), "shown")
         t = Text()
         if self.paused:
@@ -355,7 +355,7 @@ class TopApp(App[None]):
                 t.append("\n" + " · ".join(notes), "yellow")
         if self.error:
             t.append("\n" + self.error, "bold red")
-        self.query_one("#status", Static).update(t)
+        self.query_one("#status", Line).set_text(t)
 
     # ---- events --------------------------------------------------------------------------
 

@@ -6,9 +6,10 @@ Both have the same small interface, called from the app's refresh worker
     start()  -> None            begin (the live source attaches in the background)
     poll()   -> list[Sample]    what is new since the last poll ([] when nothing)
     close()  -> None            stop and detach everything; idempotent
+    attaching() -> bool         collectors are still attaching (or a poll has yet to see the last)
+    wait_change(timeout) -> None   until a collector attached or failed since the last poll
 
-and the live one, while it attaches, `attaching() -> bool` and
-`wait_change(timeout)`: the app polls once per collector attached rather than
+While collectors attach, the app polls once per collector attached rather than
 at a fixed pace, so the compile has the CPU.
 
 The live source starts one Session (kvprof/collect/session.py) in a thread of its
@@ -48,6 +49,10 @@ class Source(Protocol):
 
     def close(self) -> None: ...
 
+    def attaching(self) -> bool: ...
+
+    def wait_change(self, timeout: float) -> None: ...
+
 
 def _title(comm: str, pid: int) -> str:
     return f"{comm or 'PID'} PID {pid}" if comm else f"PID {pid}"
@@ -83,6 +88,12 @@ class ReplaySource:
         ]
 
     def close(self) -> None:
+        pass
+
+    def attaching(self) -> bool:
+        return False
+
+    def wait_change(self, timeout: float) -> None:
         pass
 
 

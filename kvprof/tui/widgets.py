@@ -50,7 +50,16 @@ def matches(needle: str, cells: Iterable[object]) -> bool:
 
 
 def fill(table: DataTable[object], rows: Sequence[tuple[str, Sequence[object]]]) -> None:
-    """Replace the table's rows, keeping the highlighted one (by key) where it still is."""
+    """Replace the table's rows, keeping the highlighted one (by key) where it still is.
+    The same rows as before (by key, in order) are updated cell by cell: clearing and
+    adding them again made Textual lay the screen out anew at every refresh."""
+    if [k for k, _ in rows] == [rk.value for rk in table.rows]:
+        columns = list(table.columns)
+        for k, cells in rows:
+            for column, new, old in zip(columns, cells, table.get_row(k), strict=True):
+                if new != old:
+                    table.update_cell(k, column, new, update_width=True)
+        return
     key = None
     if table.row_count and table.cursor_row >= 0:
         try:
@@ -67,6 +76,27 @@ def fill(table: DataTable[object], rows: Sequence[tuple[str, Sequence[object]]])
             pass
 
 
+class Line(Static):
+    """Text that follows the data: redrawn only when it changed, and laid out again
+    only when its shape may have (another line count, or a line that may wrap): a
+    layout of the whole screen at every refresh was a fifth of top's CPU."""
+
+    _shown: Text | str | None = None
+
+    def set_text(self, content: Text | str) -> None:
+        old = self._shown
+        if old is not None and old == content:
+            return
+        self._shown = content
+        width = self.content_size.width
+
+        def shape(t: Text | str | None) -> tuple[int, bool]:
+            lines = str(t or "").split("\n")
+            return len(lines), any(len(line) >= width for line in lines)
+
+        self.update(content, layout=old is None or shape(old) != shape(content) or shape(content)[1])
+
+
 def new_table(id: str, columns: Sequence[tuple[str, str]]) -> DataTable[object]:
     t: DataTable[object] = DataTable(id=id, cursor_type="row", zebra_stripes=False)
     for label, key in columns:
@@ -74,11 +104,11 @@ def new_table(id: str, columns: Sequence[tuple[str, str]]) -> DataTable[object]:
     return t
 
 
-class Note(Static):
+class Note(Line):
     """One line above a view: why it is empty, or what it shows."""
 
     def say(self, text: str) -> None:
-        self.update(text)
+        self.set_text(text)
         self.display = bool(text)
 
 
@@ -109,7 +139,7 @@ class TablePanel(Panel):
 
     def compose(self) -> ComposeResult:
         yield Note(id=f"{self.view}-note", classes="note")
-        yield Static(self.head, id=f"{self.view}-head", classes="head")
+        yield Line(self.head, id=f"{self.view}-head", classes="head")
         yield new_table(f"{self.view}-table", self.columns)
 
     def rows(self, frame: Frame) -> Iterable[Row]:
@@ -139,12 +169,12 @@ class OverviewPanel(Panel):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="ov-top"):
-            yield Static(id="ov-info")
-            yield Static(id="ov-cpu")
+            yield Line(id="ov-info")
+            yield Line(id="ov-cpu")
         yield Sparkline([], id="ov-spark")
         yield new_table("ov-findings", [("", "sev"), ("finding — cost", "cost")])
         with VerticalScroll(id="ov-detail-box"):
-            yield Static(id="ov-detail")
+            yield Line(id="ov-detail")
 
     def show(self, frame: Frame, needle: str) -> None:
         info = Text(no_wrap=True, overflow="ellipsis")
@@ -160,7 +190,7 @@ class OverviewPanel(Panel):
         elif frame.server == "redis":
             info.append(" (Redis INFO)", "dim")
         info.append(f"  up {up}  profiled {frame.elapsed_s:.0f} s")
-        self.query_one("#ov-info", Static).update(info)
+        self.query_one("#ov-info", Line).set_text(info)
 
         cpu = Text(no_wrap=True, overflow="ellipsis")
         bars = data.cpu_bars(frame)
@@ -179,7 +209,7 @@ class OverviewPanel(Panel):
             cpu.append("CPU per thread: waiting for on-CPU samples", "dim")
         elif len(bars) > 3:
             cpu.append(f"  +{len(bars) - 3} (5: Threads)", "dim")
-        self.query_one("#ov-cpu", Static).update(cpu)
+        self.query_one("#ov-cpu", Line).set_text(cpu)
         spark = self.query_one("#ov-spark", Sparkline)
         spark.display = len(frame.ops_history) >= 2  # one point is no trend (a replay)
         rows = 3 if self.app.size.height >= 36 else 1
@@ -205,9 +235,9 @@ class OverviewPanel(Panel):
 
     def show_detail(self) -> None:
         table = self.query_one("#ov-findings", DataTable)
-        detail = self.query_one("#ov-detail", Static)
+        detail = self.query_one("#ov-detail", Line)
         if not table.row_count:
-            detail.update(
+            detail.set_text(
                 Text("no findings yet: they appear once the collectors have counted a while", "dim")
             )
             return
@@ -226,7 +256,7 @@ class OverviewPanel(Panel):
         t.append(r.explanation + "\n")
         t.append("Fix: ", "bold green")
         t.append(r.advice)
-        detail.update(t)
+        detail.set_text(t)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.show_detail()
@@ -272,7 +302,7 @@ class StacksPanel(TablePanel):
         head.append(who, "bold")
         head.append("  (t: next thread)", "dim")
         head.append("   share of on-CPU samples: now = last interval, all = since start", "dim")
-        self.query_one("#stacks-head", Static).update(head)
+        self.query_one("#stacks-head", Line).set_text(head)
         width = max(24, self.app.size.width - 48)
         for r in data.stack_rows(frame, self.tid):
             name = Text(("★ " if r.hotspot else "  ") + fit(r.function, width), HOT if r.hotspot else "")
@@ -327,12 +357,12 @@ class LinesPanel(Panel):
 
     def compose(self) -> ComposeResult:
         yield Note(id="lines-note", classes="note")
-        yield Static(id="lines-head", classes="head")
+        yield Line(id="lines-head", classes="head")
         yield new_table("lines-table", LINE_COLUMNS)
         with Horizontal(id="lines-bottom"):
-            yield Static(id="lines-threads")
-            yield Static(id="lines-matrix")
-        yield Static(id="lines-sampled-head", classes="head")
+            yield Line(id="lines-threads")
+            yield Line(id="lines-matrix")
+        yield Line(id="lines-sampled-head", classes="head")
         yield new_table("lines-sampled", SAMPLED_COLUMNS)
 
     def show(self, frame: Frame, needle: str) -> None:
@@ -342,7 +372,7 @@ class LinesPanel(Panel):
         head = "shared counters (kvs atomic__sample), last few seconds"
         if rate > 1:
             head += f"; sampled 1 in {rate}, rates scaled ×{rate}"
-        self.query_one("#lines-head", Static).update(Text(head, "dim"))
+        self.query_one("#lines-head", Line).set_text(Text(head, "dim"))
         out = []
         for r in data.line_rows(frame):
             if not matches(needle, (r.site, r.hotspot)):
@@ -372,7 +402,7 @@ class LinesPanel(Panel):
         rows = data.sampled_rows(frame)
         on = "regsample" in (frame.total.collectors if frame.total is not None else [])
         head = "atomic writes from sampled registers (any target), since start; CPU%: of the writers' samples"
-        self.query_one("#lines-sampled-head", Static).update(Text(head, "dim"))
+        self.query_one("#lines-sampled-head", Line).set_text(Text(head, "dim"))
         for widget in (self.query_one("#lines-sampled-head"), self.query_one("#lines-sampled")):
             widget.display = on  # a profile without regsample keeps the kvs view alone
         out = []
@@ -419,8 +449,8 @@ class LinesPanel(Panel):
                 threads.append(f"{fit(r.name or r.tid, 12):<12} ")
                 threads.append(bar(r.updates_per_s / top if top else 0, width), "magenta")
                 threads.append(f" {num(r.updates_per_s):>6}/s {r.cycles_mean:4.0f} cyc\n")
-        self.query_one("#lines-threads", Static).update(threads)
-        self.query_one("#lines-matrix", Static).update(matrix_text(matrix, sockets))
+        self.query_one("#lines-threads", Line).set_text(threads)
+        self.query_one("#lines-matrix", Line).set_text(matrix_text(matrix, sockets))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.show_bottom()
@@ -479,7 +509,7 @@ class RequestsPanel(TablePanel):
         head = "server-side latency per opcode (kvs cmd probes), percentiles since start"
         if rate > 1:
             head += f"; 1 in {rate} requests sampled"
-        self.query_one("#requests-head", Static).update(Text(head, "dim"))
+        self.query_one("#requests-head", Line).set_text(Text(head, "dim"))
         for r in data.request_rows(frame):
             latency = [us(x) for x in (r.p50_us, r.p90_us, r.p99_us, r.p999_us)]
             cells = [r.opcode, num(r.per_s), f"{r.samples:,}", *latency]
