@@ -268,6 +268,26 @@ def test_generic_futex_and_offcpu_findings() -> None:
     assert not [f for f in findings if "epoll_wait" in f.id]
 
 
+def test_offcpu_estimates_are_capped_at_the_exact_total() -> None:
+    """A thread's sampled off-CPU stacks (scaled by 1 in 64) can add up past its exact
+    off-CPU time, as `kvprof record` of `kvprof top` showed (359 %): the finding
+    shares the exact time out by the stacks' estimates."""
+    p = Profile(
+        target=Target(pid=10, comm="prog"),
+        window=Window(duration_s=2.0),
+        hz=99,
+        threads={"11": ThreadInfo(name="worker", offcpu_ns=1_000_000_000)},
+        offcpu=OffCpu(
+            stacks=[
+                OffCpuStack(11, ["main", "load_file", "read", "ext4_read_[k]"], 4_500_000_000),
+                OffCpuStack(11, ["main", "sync", "fsync", "ext4_sync_[k]"], 1_500_000_000),
+            ]
+        ),
+    )
+    read = _by_id(find(p), "offcpu:read")
+    assert read.cost["max_wall_share"] == pytest.approx(0.375)  # 3/4 of the exact 1 s, in 2 s (not 2.25)
+
+
 def test_empty_profile_has_no_findings() -> None:
     """A profile with nothing in it gives no findings and no error."""
     assert find(Profile(target=Target(pid=1))) == []

@@ -32,7 +32,7 @@ from kvprof.analysis.hotspots import (
     normalize,
 )
 from kvprof.analysis.lines import line_findings
-from kvprof.analysis.tables import functions, locks, seconds, sites
+from kvprof.analysis.tables import functions, locks, offcpu_stacks, seconds, sites
 from kvprof.model.profile import Finding, Profile
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -505,7 +505,7 @@ def _offcpu_findings(c: _Ctx) -> list[Finding]:
         )
     # blocking off-CPU time per wait point, idle waits excluded
     points: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for st in c.p.offcpu.stacks:
+    for st in offcpu_stacks(c.p):
         if not st.frames or _is_idle(st.frames):
             continue
         points[call_site(st.frames)][str(st.tid)] += st.ns

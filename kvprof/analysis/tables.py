@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from kvprof.analysis.hotspots import call_site
 from kvprof.model.histogram import hist_add, hist_percentile
-from kvprof.model.profile import FutexWait, Profile
+from kvprof.model.profile import FutexWait, OffCpuStack, Profile
 
 LOCK_PROBE = "lock__wait__done"
 LINE_PROBE = "atomic__sample"
@@ -355,6 +355,23 @@ class Thread:
     offcpu_ns: int
     stack_quality: float | None  # share of its stacks that stopped short of the thread's entry
     top_function: str  # its leaf with the most samples, "" when none
+
+
+def offcpu_stacks(p: Profile) -> list[OffCpuStack]:
+    """The off-CPU stacks, each thread's capped at its exact off-CPU total. A stack's ns
+    are its sampled periods scaled by the sample rate (1 in 64): unbiased, but a thread
+    with a few long sleeps, one of them sampled, is estimated past the window."""
+    estimated: dict[int, int] = defaultdict(int)
+    for st in p.offcpu.stacks:
+        estimated[st.tid] += st.ns
+    out = []
+    for st in p.offcpu.stacks:
+        th = p.threads.get(str(st.tid))
+        exact = th.offcpu_ns if th is not None else 0
+        if exact and estimated[st.tid] > exact:
+            st = replace(st, ns=st.ns * exact // estimated[st.tid])
+        out.append(st)
+    return out
 
 
 def threads(p: Profile) -> list[Thread]:

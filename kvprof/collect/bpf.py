@@ -11,6 +11,7 @@ contract is in kvprof/collect/__init__.py.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -275,7 +276,12 @@ def array_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
 
 def cstr(raw: Any) -> str:
     """A fixed-size C char array of a map key, as text."""
-    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+    return _text(bytes(raw))
+
+
+@functools.lru_cache(maxsize=4096)  # the same few names in every row of every read
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 def warn(profile: Profile, what: str, n: int, fix: str) -> None:
