@@ -172,9 +172,11 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     assert by_func["collect_timings"].symbol.startswith("heap 0x")
 
     # ranking: the two lines the kvs probes rank first (the item and the memory counter)
-    # are the two most sampled of the lines they report, and the kvs top line is among the
-    # three most sampled of all. (The histogram's lines differ by less than the noise of
-    # either method: docs/cachelines.md.)
+    # are among the three most sampled of the lines they report, and the kvs top line is
+    # among the three most sampled of all. (The second and third lines took 14 and 18
+    # samples in one run under load, within each other's Poisson noise, so their order
+    # is not asserted; the histogram's lines differ by less than the noise of either
+    # method: docs/cachelines.md.)
     transfers: dict[int, int] = {}
     for c in kvs.cachelines:
         transfers[c.line] = transfers.get(c.line, 0) + c.transfers
@@ -182,11 +184,8 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     by_kvs = sorted(transfers, key=lambda ln: (-transfers[ln], ln))
     by_samples = sorted(transfers, key=lambda ln: (-sampled.get(ln, 0), ln))
     seen = ({hex(ln): transfers[ln] for ln in by_kvs}, {hex(ln): sampled.get(ln, 0) for ln in by_samples})
-    assert (
-        set(by_kvs[:2])
-        == set(by_samples[:2])
-        == {by_func["on_create_item"].line, by_func["account_memory"].line}
-    ), seen
+    assert set(by_kvs[:2]) == {by_func["on_create_item"].line, by_func["account_memory"].line}, seen
+    assert set(by_kvs[:2]) <= set(by_samples[:3]), seen
     assert by_kvs[0] in [sl.line for sl in lines[:3]], seen
 
 
