@@ -53,8 +53,9 @@ def fill(table: DataTable[object], rows: Sequence[tuple[str, Sequence[object]]])
     """Replace the table's rows, keeping the highlighted one (by key) where it still is.
     The same rows as before (by key, in order) are updated cell by cell: clearing and
     adding them again made Textual lay the screen out anew at every refresh."""
-    if [k for k, _ in rows] == [rk.value for rk in table.rows]:
-        columns = list(table.columns)
+    columns = list(table.columns)
+    same_rows = [k for k, _ in rows] == [rk.value for rk in table.rows]
+    if same_rows and all(len(cells) == len(columns) for _, cells in rows):
         for k, cells in rows:
             for column, new, old in zip(columns, cells, table.get_row(k), strict=True):
                 if new != old:
