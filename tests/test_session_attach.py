@@ -11,13 +11,14 @@ semaphore of the target back to 0 (read from /proc/PID/mem).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
 import pytest
 from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded, wait_until
 
-from kvprof.collect import CollectOptions
+from kvprof.collect import ATTACH_NICE, CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, Session
 from kvprof.system.servers import Server
 
@@ -38,13 +39,27 @@ def loaded_now(before: dict[int, str]) -> set[int]:
     return prog_ids({fd: k for fd, k in our_bpf_fds().items() if fd not in before})
 
 
+def nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
 def test_states_in_order_and_one_module(kvcached_factory: Callable[..., Server]) -> None:
-    """Each collector goes compiling -> attaching -> ok; the BPF ones share one module."""
+    """Each collector goes compiling -> attaching -> ok; the BPF ones share one module;
+    the attaching thread compiles at nice ATTACH_NICE and is back at its own after."""
     server = kvcached_factory("-t", "2")
     seen: list[tuple[str, str]] = []
+    nices: set[int] = set()
+
+    def on_state(name: str, state: str) -> None:
+        seen.append((name, state))
+        nices.add(nice())
+
+    before = nice()
     s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
     try:
-        s.start(on_state=lambda name, state: seen.append((name, state)))
+        s.start(on_state=on_state)
+        assert nice() == before, "the attaching thread's priority is restored"
+        assert nices == {min(before, ATTACH_NICE)}, nices
         assert s.status.collectors == dict.fromkeys(ALL_COLLECTORS, "ok"), s.status.collectors
         for name in ALL_COLLECTORS:
             assert [st for n, st in seen if n == name] == ["compiling", "attaching", "ok"], seen

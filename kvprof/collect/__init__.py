@@ -68,6 +68,7 @@ MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 OFFCPU_SAMPLE = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
 PROBE_SAMPLE = 256  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
+ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
 
 
 @dataclass
