@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvprof.analysis.hotspots import is_wrapper
+from kvprof.analysis.tables import offcpu_stacks
 from kvprof.model.profile import Profile
 
 
@@ -88,7 +89,8 @@ def stacks(profile: Profile, kind: str, value: str | None = None) -> list[Stack]
     if kind == "cpu":
         return [Stack(_clean(s.frames), s.count, s.tid) for s in profile.oncpu if s.count > 0]
     if kind == "offcpu":
-        return [Stack(_clean(s.frames), s.ns, s.tid) for s in profile.offcpu.stacks if s.ns > 0]
+        # each thread's estimates capped at its exact total, as the findings value them
+        return [Stack(_clean(s.frames), s.ns, s.tid) for s in offcpu_stacks(profile) if s.ns > 0]
     out: list[Stack] = []
     probed_sites: set[tuple[str, ...]] = set()
     for lk in profile.locks:
