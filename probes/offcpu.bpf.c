@@ -1,4 +1,4 @@
-// Off-CPU time and futex waits of one process.
+// Off-CPU time and futex waits of one process, both from sched_switch.
 //
 // Loaded by kvprof/collect/offcpu.py. Flags: those of common.h, the
 // -DUNWIND_* bounds of unwind.h (user stacks walked from unwind tables), and
@@ -12,18 +12,29 @@
 // sampled periods' ns: the loader scales them by that factor (an unbiased
 // estimate).
 //
-// Only tracepoint format fields, plain raw-tracepoint arguments, the user
-// pt_regs (bpf_task_pt_regs: the task is in the kernel here, so its user
-// registers are the ones saved at its entry) and helpers are used: no other
-// kernel struct is ever dereferenced (the headers may not match the running kernel).
+// Futex waits come from the same program, not from the futex syscall
+// tracepoints: enabling any syscall tracepoint sends every syscall of every
+// task on the machine through the kernel's slow path, and a contended mutex
+// makes futex calls far more often than the thread switches. A thread that
+// switches out of its own accord while in a FUTEX_WAIT-family call (its user
+// registers, saved at syscall entry, say so: orig_ax, di = the futex word,
+// si = the operation) starts a futex wait; the off-CPU period is the wait.
+// A wait that returned without sleeping (EAGAIN, or woken first) costs the
+// thread no time and is not counted. Each (word, thread) is counted exactly
+// in `offcpu_futex`; its stacks, in `offcpu_futex_stacks`, for the sampled
+// periods and for the first wait of each (word, thread), so a rare lock is
+// named too: the loader spreads the exact totals over them.
+//
+// Only plain raw-tracepoint arguments, the user pt_regs (bpf_task_pt_regs:
+// the task is in the kernel here, so its user registers are the ones saved at
+// its entry) and helpers are used: no other kernel struct is ever
+// dereferenced (the headers may not match the running kernel).
 //
 // sched_switch is taken as a raw tracepoint and runs in the task switching
 // out, so only the current task is ever looked at: a thread's off-CPU period
 // runs from its switch-out to when it came back on a CPU, which is that CPU's
 // previous switch (`last_switch`), and is accounted at its next switch-out.
-// Threads of other processes cost one per-CPU store (the formatted
-// tracepoint copied both tasks' fields and looked up a hash for every
-// switch in the system).
+// Threads of other processes cost one per-CPU store.
 
 #include "common.h"
 #include "unwind.h"
@@ -39,6 +50,13 @@
 #define FUTEX_WAIT_REQUEUE_PI 11
 #define FUTEX_LOCK_PI2 13
 #define FUTEX_CMD_MASK 127  // without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+#define SYS_FUTEX 202        // x86-64
+
+// Why a period's stacks were taken: the random 1 in OFFCPU_STACK_SAMPLE draw
+// (off-CPU and futex stacks), or a futex word's first wait by the thread
+// (its futex stack only: the off-CPU estimate stays unbiased).
+#define OFFCPU_SAMPLED_RANDOM 1
+#define OFFCPU_SAMPLED_FIRST_WAIT 2
 
 // Index order is the loader's HEALTH tuple.
 enum offcpu_health {
@@ -47,8 +65,7 @@ enum offcpu_health {
     OFFCPU_MAP_FULL,          // a key did not fit in an aggregation map
     OFFCPU_START_FULL,        // a thread's record did not fit
     OFFCPU_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted)
-    OFFCPU_FUTEX_WAITS,
-    OFFCPU_FUTEX_EAGAIN,      // wait calls that returned at once (the word had changed): not counted as waits
+    OFFCPU_FUTEX_WAITS,       // futex waits that slept
     OFFCPU_HEALTH,
 };
 
@@ -60,7 +77,9 @@ struct offcpu_thread {
     u64 user_stack;  // key in `ustacks`, 0: none
     s32 kernel_stack;
     u16 preempted;
-    u16 sampled;  // stacks were taken for the period that began at ts
+    u16 sampled;  // stacks were taken for the period that began at ts: OFFCPU_SAMPLED_*
+    u32 pad;
+    u64 futex;    // the futex word the period waits on; 0: not a futex wait
 };
 
 struct offcpu_key {
@@ -69,13 +88,13 @@ struct offcpu_key {
     u64 user_stack;
 };
 
-struct offcpu_futex_start {
-    u64 ts;
+struct offcpu_futex_key {
     u64 uaddr;
-    u64 user_stack;
+    u32 tid;
+    u32 pad;
 };
 
-struct offcpu_futex_key {
+struct offcpu_futex_stack_key {
     u64 uaddr;
     u64 user_stack;
     u32 tid;
@@ -91,8 +110,8 @@ BPF_STACK_TRACE(offcpu_stacks, STACK_STORAGE);
 BPF_PERCPU_ARRAY(offcpu_last_switch, u64, 1);                   // when this CPU last switched tasks
 BPF_HASH(offcpu_threads, u32, struct offcpu_thread, MAX_ENTRIES);    // tid -> when and where it left the CPU
 BPF_HASH(offcpu_periods, struct offcpu_key, u64, MAX_ENTRIES);  // -> ns of the sampled periods
-BPF_HASH(offcpu_futex_start, u32, struct offcpu_futex_start, MAX_ENTRIES);
-BPF_HASH(offcpu_futex, struct offcpu_futex_key, struct offcpu_futex_val, MAX_ENTRIES);
+BPF_HASH(offcpu_futex, struct offcpu_futex_key, struct offcpu_futex_val, MAX_ENTRIES);  // exact
+BPF_HASH(offcpu_futex_stacks, struct offcpu_futex_stack_key, struct offcpu_futex_val, MAX_ENTRIES);
 BPF_PERCPU_ARRAY(offcpu_health, u64, OFFCPU_HEALTH);
 
 static __always_inline void offcpu_count(int what, u64 n)
@@ -100,18 +119,33 @@ static __always_inline void offcpu_count(int what, u64 n)
     kv_add_percpu(offcpu_health.lookup(&what), n);
 }
 
-// The current task's user stack (it is in the kernel: its user registers are
-// the ones saved at entry), as a key in `ustacks`; 0 when there is none.
-static __always_inline u64 offcpu_user_stack(void)
+// The current task's user stack from its user registers, as a key in
+// `ustacks`; 0 when there is none.
+static __always_inline u64 offcpu_user_stack(struct pt_regs *user)
 {
     struct unw_regs regs = {};
-    if (unw_user_regs(0, &regs))
-        return 0;
+    regs.ip = user->ip;
+    regs.sp = user->sp;
+    regs.bp = user->bp;
     u64 key = unw_stack(&regs);
     if (!key)
         offcpu_count(OFFCPU_STACK_ERR, 1);
     return key;
 }
+
+// The futex word a thread about to sleep waits on (its user registers say it
+// is in a FUTEX_WAIT-family call), else 0.
+static __always_inline u64 offcpu_futex_word(struct pt_regs *user)
+{
+    if (user->orig_ax != SYS_FUTEX)
+        return 0;
+    int cmd = user->si & FUTEX_CMD_MASK;
+    if (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET && cmd != FUTEX_LOCK_PI &&
+        cmd != FUTEX_LOCK_PI2 && cmd != FUTEX_WAIT_REQUEUE_PI)
+        return 0;
+    return user->di;
+}
+
 
 static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
 {
@@ -121,6 +155,14 @@ static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
     return id;
 }
 
+// Add one wait of `ns` to a futex map's value (BCC cannot pass a map to a
+// function: the caller looks the value up or inserts `one`).
+static __always_inline void offcpu_add_wait(struct offcpu_futex_val *v, u64 ns)
+{
+    __sync_fetch_and_add(&v->waits, 1);
+    __sync_fetch_and_add(&v->ns, ns);
+}
+
 // The off-CPU period of `t` that ended when it came back on a CPU at `on_since`.
 static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64 on_since)
 {
@@ -128,7 +170,34 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
     t->total_ns += delta;
     if (t->preempted)
         offcpu_count(OFFCPU_PREEMPTED_NS, delta);
+    struct offcpu_futex_val one = {};
+    one.waits = 1;
+    one.ns = delta;
+    if (t->futex) {
+        offcpu_count(OFFCPU_FUTEX_WAITS, 1);
+        struct offcpu_futex_key fk = {};
+        fk.uaddr = t->futex;
+        fk.tid = tid;
+        struct offcpu_futex_val *v = offcpu_futex.lookup(&fk);
+        if (v)
+            offcpu_add_wait(v, delta);
+        else if (offcpu_futex.insert(&fk, &one))
+            offcpu_count(OFFCPU_MAP_FULL, 1);
+    }
     if (!t->sampled)
+        return;
+    if (t->futex) {
+        struct offcpu_futex_stack_key sk = {};
+        sk.uaddr = t->futex;
+        sk.user_stack = t->user_stack;
+        sk.tid = tid;
+        struct offcpu_futex_val *v = offcpu_futex_stacks.lookup(&sk);
+        if (v)
+            offcpu_add_wait(v, delta);
+        else if (offcpu_futex_stacks.insert(&sk, &one))
+            offcpu_count(OFFCPU_MAP_FULL, 1);
+    }
+    if (t->sampled != OFFCPU_SAMPLED_RANDOM)
         return;
 
     struct offcpu_key key = {};
@@ -177,74 +246,24 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     if (t->ts && on_since > t->ts)  // on_since is 0 before this CPU's first switch since attach
         offcpu_account(tid, t, on_since);
 
+    struct pt_regs user = {};
+    if (bpf_probe_read_kernel(&user, sizeof(user), (void *)bpf_task_pt_regs(bpf_get_current_task_btf())))
+        __builtin_memset(&user, 0, sizeof(user));
     t->ts = now;
     t->preempted = ctx->args[0] != 0;
-    t->sampled = OFFCPU_STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % OFFCPU_STACK_SAMPLE == 0;
+    t->futex = t->preempted ? 0 : offcpu_futex_word(&user);
+    int drawn = OFFCPU_STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % OFFCPU_STACK_SAMPLE == 0;
+    t->sampled = drawn ? OFFCPU_SAMPLED_RANDOM : 0;
+    if (!t->sampled && t->futex) {
+        struct offcpu_futex_key fk = {};
+        fk.uaddr = t->futex;
+        fk.tid = tid;
+        if (!offcpu_futex.lookup(&fk))
+            t->sampled = OFFCPU_SAMPLED_FIRST_WAIT;
+    }
     if (t->sampled) {
-        t->user_stack = offcpu_user_stack();
+        t->user_stack = user.ip ? offcpu_user_stack(&user) : 0;
         t->kernel_stack = offcpu_stack_id(ctx, 0);
-    }
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_futex)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    if (!kv_is_target(id) || !unw_tables_ready())
-        return 0;
-    int cmd = args->op & FUTEX_CMD_MASK;
-    if (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET && cmd != FUTEX_LOCK_PI &&
-        cmd != FUTEX_LOCK_PI2 && cmd != FUTEX_WAIT_REQUEUE_PI)
-        return 0;
-    u32 tid = (u32)id;
-    struct offcpu_futex_start s = {};
-    s.ts = bpf_ktime_get_ns();
-    s.uaddr = (u64)args->uaddr;
-    s.user_stack = offcpu_user_stack();
-    if (offcpu_futex_start.update(&tid, &s))
-        offcpu_count(OFFCPU_START_FULL, 1);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_futex)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    if (!kv_is_target(id))
-        return 0;
-    u32 tid = (u32)id;
-    struct offcpu_futex_start *s = offcpu_futex_start.lookup(&tid);
-    if (!s)
-        return 0;
-    u64 delta = bpf_ktime_get_ns() - s->ts;
-    struct offcpu_futex_key key = {};
-    key.uaddr = s->uaddr;
-    key.tid = tid;
-    key.user_stack = s->user_stack;
-    offcpu_futex_start.delete(&tid);
-    if (args->ret == -KV_EAGAIN) {
-        offcpu_count(OFFCPU_FUTEX_EAGAIN, 1);
-        return 0;
-    }
-    offcpu_count(OFFCPU_FUTEX_WAITS, 1);
-
-    struct offcpu_futex_val *v = offcpu_futex.lookup(&key);
-    if (v) {
-        __sync_fetch_and_add(&v->waits, 1);
-        __sync_fetch_and_add(&v->ns, delta);
-    } else {
-        struct offcpu_futex_val one = {};
-        one.waits = 1;
-        one.ns = delta;
-        int err = offcpu_futex.insert(&key, &one);
-        if (err == -KV_EEXIST) {
-            v = offcpu_futex.lookup(&key);
-            if (v) {
-                __sync_fetch_and_add(&v->waits, 1);
-                __sync_fetch_and_add(&v->ns, delta);
-            }
-        } else if (err) {
-            offcpu_count(OFFCPU_MAP_FULL, 1);
-        }
     }
     return 0;
 }

@@ -1,16 +1,23 @@
 """Off-CPU time and futex waits of one process (probes/offcpu.bpf.c).
 
 `sched_switch` (a raw tracepoint) gives the time each thread of the target spends off
-the CPU, by (tid, stack where it left; user frames then kernel frames);
-`syscalls:sys_{enter,exit}_futex` give the time spent in FUTEX_WAIT-family
-calls by (tid, futex word, user stack): the contended-mutex waits of any
-program. Both are filtered by tgid in the kernel and aggregated in maps;
-this module reads them into Profile.offcpu and Profile.threads[tid].offcpu_ns.
+the CPU, by (tid, stack where it left; user frames then kernel frames), and
+the time spent asleep in FUTEX_WAIT-family calls by (tid, futex word, user
+stack): the contended-mutex waits of any program. A switch-out is a futex
+wait when the thread's user registers, saved at its syscall entry, say it is
+in futex(2) with a wait operation; no syscall tracepoint is used (enabling
+one slows every syscall on the machine). Everything is filtered by tgid in
+the kernel and aggregated in maps; this module reads them into
+Profile.offcpu and Profile.threads[tid].offcpu_ns.
 
 Off-CPU time counts every state, as `offcputime` does by default; the part
 that began with a preemption (the thread was still runnable) is counted in
-`offcpu.preempted_ns`. A futex wait that returned at once (EAGAIN: the word
-changed before the thread slept) is not a wait (`offcpu.futex_eagain`).
+`offcpu.preempted_ns`. A futex wait that did not sleep (EAGAIN: the word
+changed first) costs no time and is not a wait.
+
+Futex waits are counted exactly per (word, thread); their stacks come from
+the sampled periods and from each (word, thread)'s first wait, and the exact
+totals are spread over those stacks in proportion to their sampled time.
 
 Every off-CPU period is timed, so per-thread totals are exact; the stacks of
 only a random 1 in `--offcpu-sample` (CollectOptions.offcpu_sample) of them
@@ -19,9 +26,9 @@ are taken, and the stacks' ns are the sampled periods' ns times that factor
 target too much (the figures are in docs/record.md).
 `status.sample_rates.offcpu_stacks` in the profile records the factor.
 
-BCC attaches the three tracepoint programs itself when it compiles the
-module; the program ignores them until the unwind tables are in, and
-close() detaches them.
+BCC attaches the raw tracepoint program itself when it compiles the module;
+the program ignores it until the unwind tables are in, and close() detaches
+it.
 
 User stacks are walked in BPF from the modules' unwind tables
 (probes/unwind.h, kvprof/collect/unwind.py), so a wait inside a libc built
@@ -42,9 +49,9 @@ from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
 # The order of `enum offcpu_health` in probes/offcpu.bpf.c.
 HEALTH = (
-    "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits", "futex_eagain",
+    "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits",
 )  # fmt: skip
-TRACEPOINTS = ("sched/sched_switch", "syscalls/sys_enter_futex", "syscalls/sys_exit_futex")
+TRACEPOINTS = ("sched/sched_switch",)
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
@@ -90,9 +97,6 @@ class OffCpuCollector(StackCollector):
             return
         if b"sched_switch" in bpf.raw_tracepoint_fds:
             bpf.detach_raw_tracepoint(b"sched_switch")
-        for tp in (b"syscalls:sys_enter_futex", b"syscalls:sys_exit_futex"):
-            if tp in bpf.tracepoint_fds:
-                bpf.detach_tracepoint(tp)
 
     def _read(self) -> _Snapshot:
         self.names.refresh()
@@ -104,12 +108,12 @@ class OffCpuCollector(StackCollector):
             off[(int(key.tid), frames)] += int(value) * scale
         threads = map_items(self.table("threads"))
         per_thread = {int(k): int(v.total_ns) for k, v in threads if v.total_ns}
-        futex: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for key, value in map_items(self.table("futex")):
+        exact = {(int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in map_items(self.table("futex"))}
+        sampled: dict[tuple[int, int], dict[tuple[str, ...], int]] = defaultdict(lambda: defaultdict(int))
+        for key, value in map_items(self.table("futex_stacks")):
             frames, _ = self.frames(int(key.user_stack), -1)
-            slot = futex.setdefault((int(key.tid), int(key.uaddr), frames), [0, 0])
-            slot[0] += int(value.waits)
-            slot[1] += int(value.ns)
+            sampled[(int(key.tid), int(key.uaddr))][frames] += int(value.ns) or 1
+        futex = spread(exact, sampled)
         tids = set(per_thread) | {tid for tid, _, _ in futex}
         return _Snapshot(
             stacks=[
@@ -138,7 +142,7 @@ class OffCpuCollector(StackCollector):
             info.name = info.name or name
         health = snap.health
         counters = profile.status.counters
-        for name in ("stack_errors", "preempted_ns", "futex_waits", "futex_eagain"):
+        for name in ("stack_errors", "preempted_ns", "futex_waits"):
             counters[f"offcpu.{name}"] = health[name]
         profile.status.sample_rates["offcpu_stacks"] = max(1, self.opts.offcpu_sample)
         counters["offcpu.map_full"] = health["map_full"] + health["start_full"]
@@ -148,3 +152,24 @@ class OffCpuCollector(StackCollector):
             warn(
                 profile, "offcpu: waits dropped, map full", counters["offcpu.map_full"], "raise --max-entries"
             )
+
+
+def spread(
+    exact: dict[tuple[int, int], tuple[int, int]], sampled: dict[tuple[int, int], dict[tuple[str, ...], int]]
+) -> dict[tuple[int, int, tuple[str, ...]], list[int]]:
+    """(tid, word) -> exact (waits, ns), spread over that pair's sampled stacks in
+    proportion to their sampled ns: (tid, word, frames) -> [waits, ns]. A pair
+    with no stack keeps its totals under no frames."""
+    out: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
+    for (tid, uaddr), (waits, ns) in exact.items():
+        stacks = sampled.get((tid, uaddr)) or {(): 1}
+        total = sum(stacks.values())
+        left_w, left_ns = waits, ns
+        for i, (frames, weight) in enumerate(sorted(stacks.items(), key=lambda kv: -kv[1])):
+            last = i == len(stacks) - 1
+            w = left_w if last else min(left_w, round(waits * weight / total))
+            n = left_ns if last else min(left_ns, round(ns * weight / total))
+            left_w, left_ns = left_w - w, left_ns - n
+            if w or n:
+                out[(tid, uaddr, frames)] = [w, n]
+    return out
