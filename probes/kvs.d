@@ -10,7 +10,10 @@
  * Per-request probes (cmd__*, atomic__sample) fire for one request in N
  * (`kvcached --probe-sample N`, default 256), counted per worker thread and,
  * for atomic__sample, per site. Lock probes fire only on the contended path
- * (the trylock failed), so an uncontended lock costs nothing extra.
+ * (the trylock failed), so an uncontended lock costs nothing extra;
+ * lock__wait__done fires for every contended wait of 16384 ns or more and
+ * for one shorter wait in N (`--lock-sample N`, default 16), after the lock
+ * was released.
  *
  * Opcodes (cmd__* `opcode`, and `stats timings`):
  *   0 get, 1 gets, 2 gat, 3 gats, 4 set, 5 add, 6 replace, 7 append,
@@ -84,12 +87,15 @@ provider kvs {
     probe lock__wait__start(void *lock, char *name);
 
     /**
-     * fired when the contended lock was finally acquired
+     * fired for a sample of the contended acquisitions, when the thread
+     * releases the lock it waited for (outside the critical section)
      * @param lock     the lock's address
      * @param name     the lock's stable name
      * @param wait_ns  how long the thread waited for it
+     * @param weight   how many contended waits this one stands for: 1 for
+     *                 a long wait, --lock-sample for a sampled short one
      */
-    probe lock__wait__done(void *lock, char *name, uint64_t wait_ns);
+    probe lock__wait__done(void *lock, char *name, uint64_t wait_ns, int weight);
 
     /**
      * fired for a sample of the updates of each counter site, shared or

@@ -1,11 +1,13 @@
 /*
  * locks: contended lock waits of kvcached, from kvs:lock__wait__done.
  *
- * The server fires lock__wait__done only on the contended path (the trylock
- * failed), inside kv_lock_contended(), which its call site calls with frame
- * pointers kept: the user stack taken here names the site (update_topkeys,
- * ...). One entry per (lock name, lock address, thread, call-site stack);
- * one log2 histogram of wait ns per lock name.
+ * The server fires lock__wait__done for its long contended waits and a
+ * sample of the short ones (1 in its --lock-sample), once the thread released the lock
+ * again, from kv_lock_report(), which kv_unlock() calls with frame pointers
+ * kept: the user stack taken here names the site (update_topkeys, ...). Each
+ * event counts as the `weight` waits it stands for, so the maps hold
+ * estimates of every wait. One entry per (lock name, lock address, thread,
+ * call-site stack); one log2 histogram of wait ns per lock name.
  *
  * Flags: those of common.h.
  */
@@ -49,9 +51,12 @@ int locks_on_wait_done(struct pt_regs *ctx)
     if (!kv_is_target(pid_tgid))
         return 0;
     u64 lock = 0, name = 0, ns = 0;
+    int sampled = 1;  // an int: BCC reads an argument only into a variable of its size
     bpf_usdt_readarg(1, ctx, &lock);
     bpf_usdt_readarg(2, ctx, &name);
     bpf_usdt_readarg(3, ctx, &ns);
+    bpf_usdt_readarg(4, ctx, &sampled);
+    u64 weight = sampled > 0 ? sampled : 1;
     locks_count(LOCKS_EVENTS);
 
     struct locks_key k = {};
@@ -68,8 +73,8 @@ int locks_on_wait_done(struct pt_regs *ctx)
         locks_count(LOCKS_MAP_FULL);
         return 0;
     }
-    __sync_fetch_and_add(&v->waits, 1);
-    __sync_fetch_and_add(&v->wait_ns, ns);
+    __sync_fetch_and_add(&v->waits, weight);
+    __sync_fetch_and_add(&v->wait_ns, ns * weight);
     /* racy max: two threads on one key may both store; the larger wins
      * almost always, and one key is one thread, so it never races. */
     if (ns > v->max_ns)
@@ -81,7 +86,7 @@ int locks_on_wait_done(struct pt_regs *ctx)
     u64 one = 0;
     u64 *h = locks_hist.lookup_or_try_init(&hk, &one);
     if (h)
-        __sync_fetch_and_add(h, 1);
+        __sync_fetch_and_add(h, weight);
     else
         locks_count(LOCKS_MAP_FULL);
     return 0;

@@ -45,11 +45,12 @@ static void usage(FILE *out)
             "  --key-compare K       hash lookup's key comparison: inline (length check\n"
             "                        and memcmp, default) or indirect (through a pointer)\n"
             "  --probe-sample N      fire per-request probes for 1 request in N (default %d)\n"
+            "  --lock-sample N       fire lock__wait__done for 1 contended wait in N (default %d)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
             "  -h, --help            this help\n",
-            KV_PROBE_SAMPLE_DEFAULT);
+            KV_PROBE_SAMPLE_DEFAULT, KV_LOCK_SAMPLE_DEFAULT);
 }
 
 static void die_usage(const char *fmt, const char *arg) { cli_die("kvcached", fmt, arg); }
@@ -90,7 +91,7 @@ static const char *preset_of(const enum site_mode modes[SITES_MAX])
     return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
 }
 
-enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_CPUS, OPT_KEYCMP };
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_CPUS, OPT_KEYCMP };
 
 static void parse_cpus(const char *list)
 {
@@ -111,6 +112,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         {"item-counter", required_argument, NULL, OPT_ITEMS},
         {"memory-counter", required_argument, NULL, OPT_MEMORY},
         {"probe-sample", required_argument, NULL, OPT_SAMPLE},
+        {"lock-sample", required_argument, NULL, OPT_LOCK_SAMPLE},
         {"cpu-affinity", required_argument, NULL, OPT_CPUS},
         {"key-compare", required_argument, NULL, OPT_KEYCMP},
         {"version", no_argument, NULL, 'V'},
@@ -125,6 +127,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
         .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = KV_PROBE_SAMPLE_DEFAULT,
+        .lock_sample = KV_LOCK_SAMPLE_DEFAULT,
         .cpu_affinity = "",
     };
     *key_compare = KEY_COMPARE_INLINE;
@@ -157,6 +160,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
             break;
         }
         case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 1, 1 << 30); break;
+        case OPT_LOCK_SAMPLE: settings.lock_sample = (int)parse_long(optarg, "--lock-sample", 1, 1 << 30); break;
         case OPT_CPUS: parse_cpus(optarg); break;
         case OPT_KEYCMP:
             if (strcmp(optarg, "inline") == 0)
@@ -176,6 +180,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         modes[s] = site_set[s] ? site_val[s] : preset;
     settings.preset = preset_of(modes);
     kv_probe_sample = settings.probe_sample;
+    kv_lock_sample = settings.lock_sample;
 }
 
 int main(int argc, char **argv)

@@ -16,6 +16,7 @@ struct settings {
     int verbose;
     const char *preset;
     int probe_sample;
+    int lock_sample;
     const char *cpu_affinity; /* as given, "" when the workers are not pinned */
     int ncpus;                /* worker i runs on cpus[i % ncpus] when ncpus > 0 */
     int cpus[1024];

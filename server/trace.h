@@ -37,22 +37,24 @@ static inline uint32_t sample_random(void)
     return (uint32_t)(x >> 32);
 }
 
-/* Per-thread countdown: true on the first call, then once every
- * kv_probe_sample calls on average. The gap is drawn uniformly from
+/* Per-thread countdown: true on the first call, then once every n calls on
+ * average. The gap is drawn uniformly from
  * 1 .. 2N-1: a fixed gap of N would alias with any workload whose pattern
  * repeats every N requests (or a divisor of it) -- a pipelined batch of 32
  * with one set in it, sampled 1 in 64, would see only sets or only gets.
  * Only called behind a probe's _ENABLED() check, so a detached server never
  * pays for it. */
-static inline int sample_tick(uint32_t *countdown)
+static inline int sample_every(uint32_t *countdown, uint32_t n)
 {
     if (likely(*countdown > 1)) {
         --*countdown;
         return 0;
     }
-    uint32_t n = (uint32_t)kv_probe_sample;
     *countdown = n <= 1 ? 1 : 1 + sample_random() % (2 * n - 1);
     return 1;
 }
+
+/* The per-request probes' countdown: 1 in kv_probe_sample. */
+static inline int sample_tick(uint32_t *countdown) { return sample_every(countdown, (uint32_t)kv_probe_sample); }
 
 #endif

@@ -585,7 +585,7 @@ def test_item_create_delete_with_reasons(kvcached_factory: Callable[..., Server]
 LOCK_BPF = r"""
 #include <uapi/linux/ptrace.h>
 struct lkey { char name[16]; };
-struct lval { u64 starts; u64 dones; u64 wait_ns; u64 min_ns; u64 lock; u64 other_locks; };
+struct lval { u64 starts; u64 dones; u64 wait_ns; u64 min_ns; u64 lock; u64 other_locks; u64 weight; u64 unlocked; };
 BPF_HASH(waits, struct lkey, struct lval, 64);
 static __always_inline struct lval *slot(u64 name) {
     struct lkey k = {};
@@ -610,12 +610,20 @@ int on_start(struct pt_regs *ctx) {
 }
 int on_done(struct pt_regs *ctx) {
     u64 lock = 0, name = 0, ns = 0;
+    int weight = 0;
     bpf_usdt_readarg(1, ctx, &lock);
     bpf_usdt_readarg(2, ctx, &name);
     bpf_usdt_readarg(3, ctx, &ns);
+    bpf_usdt_readarg(4, ctx, &weight);
     struct lval *v = slot(name);
     if (!v)
         return 0;
+    // the mutex's word (glibc: 0 = free) read where the probe fires
+    int word = -1;
+    bpf_probe_read_user(&word, sizeof(word), (void *)lock);
+    if (word == 0)
+        __sync_fetch_and_add(&v->unlocked, 1);
+    __sync_fetch_and_add(&v->weight, weight);
     __sync_fetch_and_add(&v->dones, 1);
     __sync_fetch_and_add(&v->wait_ns, ns);
     if (ns < v->min_ns)
@@ -634,8 +642,10 @@ def lock_stats(server: Server) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.bpf
 def test_lock_waits_fire_under_contention(kvcached_factory: Callable[..., Server]) -> None:
-    """Contended locks fire paired lock__wait__* with stable names, wait_ns > 0, `stats locks` counts."""
-    server = kvcached_factory("--preset", "baseline", "-t", "2")
+    """With --lock-sample 1, contended locks fire paired lock__wait__* with stable names,
+    wait_ns > 0, weight 1, `stats locks` counts; lock__wait__done fires once the lock is
+    released (some events see its word free, which is never so while the thread holds it)."""
+    server = kvcached_factory("--preset", "baseline", "-t", "2", "--lock-sample", "1")
     ks = load.keys("lk-", 200)
     assert load.run(server.host, server.port, [load.set_batches(ks, "x" * 32, 50)]).stored == len(ks)
     with attached(server, LOCK_BPF, {"lock__wait__start": "on_start", "lock__wait__done": "on_done"}) as att:
@@ -652,9 +662,33 @@ def test_lock_waits_fire_under_contention(kvcached_factory: Callable[..., Server
         assert v.lock != 0
         delta = after[name][0] - before[name][0]
         assert v.dones == delta, f"{name}: probes saw {v.dones} waits, `stats locks` counted {delta}"
+        assert v.weight == v.dones, f"{name}: weights {v.weight} for {v.dones} waits sampled 1 in 1"
     assert table["topkeys"].other_locks == 0, "the shared topkeys mutex is one lock"
+    assert table["topkeys"].unlocked > 0, "lock__wait__done fired only while the lock was held"
     for name in set(after) - set(table):
         assert after[name][0] == before[name][0], f"{name} contended without a probe firing"
+
+
+@pytest.mark.bpf
+def test_lock_wait_done_is_sampled(kvcached_factory: Callable[..., Server]) -> None:
+    """By default lock__wait__done fires for the long contended waits (weight 1) and a sample of
+    the short ones (weight 16, --lock-sample's default): fewer events than `stats locks` counts,
+    lock__wait__start for all."""
+    server = kvcached_factory("--preset", "baseline", "-t", "2")
+    assert server.stats("settings")["lock_sample"] == "16"
+    ks = load.keys("ls-", 200)
+    assert load.run(server.host, server.port, [load.set_batches(ks, "x" * 32, 50)]).stored == len(ks)
+    with attached(server, LOCK_BPF, {"lock__wait__start": "on_start", "lock__wait__done": "on_done"}) as att:
+        before = lock_stats(server)
+        totals = load.run_processes(server.host, server.port, 2, "ls-", 200, 100, 8, duration=3.0)
+        assert totals.failures == [] and totals.hits == totals.get_keys, totals
+        after = lock_stats(server)
+        v = {cstr(k.name): v for k, v in att.table("waits").items()}["topkeys"]
+    delta = after["topkeys"][0] - before["topkeys"][0]
+    assert v.starts == delta, (v.starts, delta)
+    assert 0 < v.dones < delta, (v.dones, delta)
+    # every event weighs 1 or 16, and some weigh 16
+    assert v.weight > v.dones and (v.weight - v.dones) % 15 == 0, (v.dones, v.weight)
 
 
 # ---- atomic__sample ---------------------------------------------------------

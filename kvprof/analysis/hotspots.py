@@ -79,6 +79,8 @@ LOCK_WRAPPERS = frozenset(
     {
         "kv_lock",
         "kv_lock_contended",
+        "kv_lock_report",
+        "kv_unlock",
         "kv_trylock",
         "pthread_mutex_lock",
         "pthread_mutex_timedlock",

@@ -1,9 +1,11 @@
 """The `locks` collector: contended lock waits from kvcached's
 `kvs:lock__wait__done` probe (probes/locks.bpf.c).
 
-The probe fires on every contended acquisition (not sampled), so the waits
-counted here are the server's own `stats locks` numbers, seen per thread and
-per call site.
+The probe fires for every long contended wait and 1 short one in the
+server's `--lock-sample` (random gaps, per thread), after the lock was
+released, and says how many waits it stands for: the program counts it that many times, so the waits
+here are estimates of the server's own `stats locks` numbers, seen per
+thread and per call site.
 
 One `LockStat` per lock *name*, not per address: `item_lock` is 1024 stripes,
 and a performance engineer asks "how much do we wait on item locks", not

@@ -17,6 +17,10 @@ static struct {
     uint64_t wait_ns;
 } KV_ALIGNED lock_counters[LOCK_NAMES_MAX];
 
+int kv_lock_sample = KV_LOCK_SAMPLE_DEFAULT;
+__thread struct lock_pending kv_lock_pending;
+static __thread uint32_t lock_countdown;
+
 void lock_init(kv_lock_t *l, enum lock_id id)
 {
     if (pthread_mutex_init(&l->mutex, NULL) != 0)
@@ -35,9 +39,40 @@ __attribute__((noinline)) void kv_lock_contended(kv_lock_t *l)
     KVS_LOCK_WAIT_START(l, (char *)name);
     pthread_mutex_lock(&l->mutex);
     uint64_t waited = now_ns() - t0;
-    KVS_LOCK_WAIT_DONE(l, (char *)name, waited);
     __atomic_fetch_add(&lock_counters[l->id].contended, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&lock_counters[l->id].wait_ns, waited, __ATOMIC_RELAXED);
+    /* A long wait always fires (the probe is small beside it, and the long
+     * waits are most of the wait time: sampling them would make the time
+     * estimate noisy); a short one for 1 in kv_lock_sample. A wait nested in
+     * another pending one (its lock still held) is not sampled: one pending
+     * wait per thread. */
+    if (unlikely(KVS_LOCK_WAIT_DONE_ENABLED()) && kv_lock_pending.lock == NULL) {
+        if (waited >= KV_LOCK_ALWAYS_NS)
+            kv_lock_pending.weight = 1;
+        else if (sample_every(&lock_countdown, (uint32_t)kv_lock_sample))
+            kv_lock_pending.weight = kv_lock_sample;
+        else
+            return;
+        kv_lock_pending.lock = l;
+        kv_lock_pending.wait_ns = waited;
+    }
+}
+
+/* Out of line, so that a probe's user stack names the caller of kv_unlock()
+ * as kv_lock_contended()'s names the caller of kv_lock(). */
+__attribute__((noinline)) void kv_lock_report(void)
+{
+    /* a frame of its own (GCC builds this leaf without one), so that the
+     * probe's frame-pointer walk goes through the caller of kv_unlock() */
+    __asm__ volatile("" : : "r"(__builtin_frame_address(0)));
+    kv_lock_t *l = kv_lock_pending.lock;
+    uint64_t waited = kv_lock_pending.wait_ns;
+    int weight = kv_lock_pending.weight;
+    kv_lock_pending.lock = NULL;
+    /* in registers: BCC cannot read a USDT argument the compiler left as a
+     * thread-local or %rip-relative operand */
+    __asm__ volatile("" : "+r"(waited), "+r"(weight));
+    KVS_LOCK_WAIT_DONE(l, (char *)lock_names[l->id], waited, weight);
 }
 
 void lock_stats(enum lock_id id, struct lock_stat *out)

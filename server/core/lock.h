@@ -1,9 +1,17 @@
 /* Named mutexes whose contention is counted and traced.
  *
  * kv_lock() tries the lock first; only when that fails does it go out of line
- * to kv_lock_contended(), which fires lock__wait__start/done and adds to the
+ * to kv_lock_contended(), which fires lock__wait__start and adds to the
  * per-name counters of `stats locks`. An uncontended lock costs exactly a
- * pthread trylock. */
+ * pthread trylock.
+ *
+ * lock__wait__done fires for every wait of KV_LOCK_ALWAYS_NS or more and for
+ * 1 shorter contended wait in kv_lock_sample (per thread, random gaps; the
+ * probe says how many waits it stands for), and only once
+ * the lock is released again: kv_lock_contended() leaves the sampled wait in
+ * the thread's kv_lock_pending and kv_unlock() of that lock fires it, so the
+ * probe's trap and program never lengthen the critical section a contended
+ * lock protects. An unlock costs one thread-local compare more. */
 #ifndef KV_LOCK_H
 #define KV_LOCK_H
 
@@ -42,9 +50,22 @@ struct lock_stat {
     uint64_t wait_ns;
 };
 
+/* A sampled contended wait not yet fired: its lock is still held. */
+struct lock_pending {
+    kv_lock_t *lock;
+    uint64_t wait_ns;
+    int weight;
+};
+extern __thread struct lock_pending kv_lock_pending;
+
+#define KV_LOCK_SAMPLE_DEFAULT 16
+#define KV_LOCK_ALWAYS_NS 16384 /* a wait this long always fires lock__wait__done */
+extern int kv_lock_sample; /* lock__wait__done for 1 contended wait in N (--lock-sample) */
+
 void lock_init(kv_lock_t *l, enum lock_id id);
 void lock_destroy(kv_lock_t *l);
 void kv_lock_contended(kv_lock_t *l);
+void kv_lock_report(void);
 const char *lock_name(enum lock_id id);
 void lock_stats(enum lock_id id, struct lock_stat *out);
 
@@ -57,6 +78,14 @@ static inline void kv_lock(kv_lock_t *l)
 
 static inline int kv_trylock(kv_lock_t *l) { return pthread_mutex_trylock(&l->mutex) == 0; }
 
-static inline void kv_unlock(kv_lock_t *l) { pthread_mutex_unlock(&l->mutex); }
+static inline void kv_unlock(kv_lock_t *l)
+{
+    pthread_mutex_unlock(&l->mutex);
+    if (unlikely(kv_lock_pending.lock == l)) {
+        kv_lock_report();
+        /* no tail call: the caller's frame must stay on the probe's stack */
+        __asm__ volatile("" ::: "memory");
+    }
+}
 
 #endif
