@@ -21,10 +21,11 @@
  */
 #include "common.h"
 
-#define CACHELINES_SITE_LEN 32
-
+// A site is keyed by the address of its name, a string constant in the
+// server: the loader reads the name from the target's memory once per address
+// (reading the string here at every sample cost more than the rest).
 struct cachelines_key {
-    char site[CACHELINES_SITE_LEN];
+    u64 site;
     u64 line;
     u32 tid;
     u32 pad;
@@ -39,14 +40,14 @@ struct cachelines_val {
 };
 
 struct cachelines_hist_key {
-    char site[CACHELINES_SITE_LEN];
+    u64 site;
     u64 line;
     u32 slot;
     u32 pad;
 };
 
 struct cachelines_matrix_key {
-    char site[CACHELINES_SITE_LEN];
+    u64 site;
     u64 line;
     u32 from;
     u32 to;
@@ -109,7 +110,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
     }
 
     struct cachelines_key k = {};
-    bpf_probe_read_user_str(k.site, sizeof(k.site), (void *)site);
+    k.site = site;
     k.line = line;
     k.tid = (u32)pid_tgid;
     struct cachelines_val zero = {};
@@ -127,7 +128,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
         if (cross)
             __sync_fetch_and_add(&v->cross, 1);
         struct cachelines_matrix_key mk = {};
-        __builtin_memcpy(mk.site, k.site, sizeof(mk.site));
+        mk.site = site;
         mk.line = line;
         mk.from = from;
         mk.to = to;
@@ -140,7 +141,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
     }
 
     struct cachelines_hist_key hk = {};
-    __builtin_memcpy(hk.site, k.site, sizeof(hk.site));
+    hk.site = site;
     hk.line = line;
     hk.slot = kv_log2_slot(cycles);
     u64 nil2 = 0;

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, cstr, map_items
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, map_items
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
@@ -113,6 +113,20 @@ class CachelinesCollector(KvsCollector):
         self.sockets = socket_count(opts.topology)
         self._last = _Snapshot()
         self._names = ThreadNames(pid)
+        self._sites: dict[int, str] = {}  # address of a site's name in the target -> the name
+
+    def site(self, address: int) -> str:
+        """A site's name, read from the target's memory the first time its address is seen."""
+        name = self._sites.get(address)
+        if name is None:
+            try:
+                with open(f"/proc/{self.pid}/mem", "rb") as mem:
+                    mem.seek(address)
+                    name = mem.read(64).split(b"\0", 1)[0].decode(errors="replace")
+            except (OSError, ValueError):  # the target is gone: the address stands for it
+                name = f"site {address:#x}"
+            self._sites[address] = name
+        return name
 
     def cflags(self) -> list[str]:
         max_cpus = max([*self.opts.topology.cpus, (os.cpu_count() or 1) - 1], default=0) + 1
@@ -128,14 +142,14 @@ class CachelinesCollector(KvsCollector):
         snap = _Snapshot()
         for k, v in map_items(self.table("lines")):
             snap.rows.append(
-                LineRow(cstr(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
+                LineRow(self.site(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
             )
             self._names.first_seen(k.tid)
         for k, n in map_items(self.table("hist")):
-            h = snap.hist.setdefault((cstr(k.site), k.line), [0] * HIST_SLOTS)
+            h = snap.hist.setdefault((self.site(k.site), k.line), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n
         for k, n in map_items(self.table("matrix")):
-            cell = snap.matrix.setdefault((cstr(k.site), k.line), {})
+            cell = snap.matrix.setdefault((self.site(k.site), k.line), {})
             cell[(k.__getattribute__("from"), k.to)] = n
         snap.counters = array_counters(self.table("counters"), COUNTERS)
         return snap
