@@ -1,5 +1,27 @@
 #!/usr/bin/env python3
-"""What `kvprof record` costs the server it profiles.
+"""What `kvprof record` and `kvprof top` cost the server they profile.
+
+**The user's view (`--mode single`, the default).** One kvcached (baseline,
+2 workers) under one load that runs the whole time: the demo's (`--load
+demo`, `kvprof demo`'s kvload: 4 connections x 32 in flight, 5 % sets) or
+the lighter one below (`--load light`). Windows of `--seconds` alternate
+A B B A ... with each tool detached (A) and attached (B), and the ratio is
+read from the server's own counters (`stats`: cmd_get + cmd_set), as a
+user checks it. The tools: `record` and `top` with their defaults,
+`record --collectors oncpu,offcpu`, and the peers BCC `profile-bpfcc -F 99`
+and `perf record -F 99 --call-graph dwarf`. A tool is attached anew for
+every B window (its compile is not in the window: the window starts once it
+said it is attached, plus a second). Each `record` window's profile gives
+kvprof's own-cost figure (kvprof.analysis.own_cost), printed beside the loss
+measured in that pair, and where the cost went: events per second and ns per
+event of each collector's programs, uprobe traps counted at
+kvprof.collect.UPROBE_HIT_NS (bench/probe_cost.py measures it).
+
+**Two servers side by side (`--mode pair`)**, the first design, below: it
+compares two servers that both pay what the tool costs the machine (the
+TUI's CPU, the programs on `sched_switch`), so it measures what the tool
+costs the profiled server beyond the machine-wide costs, not what a user
+sees.
 
 kvcached (`--preset baseline`, or `fixed`; 2 workers) under kvload (one
 thread, 8 connections, batches of 8, 20 % sets, zipf keys; `--load-threads
@@ -41,8 +63,11 @@ and the benchmark is built around both:
 its default 1 s refresh: it reads every map each second) and prints the
 TUI process's own CPU too.
 
-    sudo .venv/bin/python bench/overhead.py [--pairs 60] [--seconds 2] [--load-threads 1]
-                                            [--preset baseline|fixed] [--reattach] [--watch top]
+    sudo .venv/bin/python bench/overhead.py [--pairs 8] [--seconds 5] [--load demo|light]
+                                            [--tools record,top,...]
+    sudo .venv/bin/python bench/overhead.py --mode pair [--pairs 60] [--seconds 2] [--load-threads 1]
+                                            [--preset baseline|fixed] [--watch top]
+    sudo .venv/bin/python bench/overhead.py --mode reattach ...
 """
 
 from __future__ import annotations
@@ -58,6 +83,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,8 +93,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kvprof import demo  # noqa: E402
+from kvprof.analysis.own_cost import own_cost  # noqa: E402
 from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
+from kvprof.model.profile import Profile  # noqa: E402
 from kvprof.system.servers import Server, kvload_binary, start_kvcached  # noqa: E402
 
 LOAD = ["--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]  # + --num-threads
@@ -337,6 +366,202 @@ def reattach(args: argparse.Namespace, placement: Placement, tmp: str, sample: l
         server.log_path.unlink(missing_ok=True)
 
 
+# ---- the user's view: one server, tools attached and detached ----------------
+
+TOOLS = ("record", "top", "record-oncpu-offcpu", "bcc-profile", "perf-dwarf")
+
+
+@dataclass
+class Window:
+    ops_per_sec: float
+    server_cpu: float  # the server's CPU time per second
+    own_cost: float | None = None  # the record profile's own-cost figure (kvprof.analysis.own_cost)
+    profile: Profile | None = None
+
+
+def server_ops(server: Server) -> int:
+    stats = server.stats()
+    return int(stats["cmd_get"]) + int(stats["cmd_set"])
+
+
+def measure_window(server: Server, seconds: float) -> Window:
+    ops0, cpu0, t0 = server_ops(server), process_cpu_s(server.pid), time.monotonic()
+    time.sleep(seconds)
+    ops1, cpu1, t1 = server_ops(server), process_cpu_s(server.pid), time.monotonic()
+    return Window((ops1 - ops0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0))
+
+
+def _ready_line(proc: subprocess.Popen[str], word: str, timeout: float, what: str) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if word in line:
+            return
+        if not line:
+            raise SystemExit(f"overhead: {what} exited before it was ready (exit {proc.wait()})")
+    raise SystemExit(f"overhead: {what} was not ready within {timeout:g} s")
+
+
+@contextmanager
+def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
+    """`tool` attached to `pid` until the block ends; for record, the path of the profile it
+    writes when it is stopped (read it after the block)."""
+    out = Path(tmp) / "window.json.gz"
+    if tool == "top":
+        from top_cpu import Screen  # bench/top_cpu.py, next to this file
+
+        screen = Screen([sys.executable, "-m", "kvprof.cli", "top", "-p", str(pid)])
+        try:
+            if not screen.seen_attached.wait(180):
+                raise SystemExit("overhead: kvprof top did not attach every collector within 180 s")
+            time.sleep(1.0)
+            yield None
+        finally:
+            screen.stop()
+        return
+    if tool.startswith("record"):
+        argv = [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-d", "100000", "-o", str(out)]
+        if tool == "record-oncpu-offcpu":
+            argv += ["--collectors", "oncpu,offcpu"]
+        word, what = "collecting", "kvprof record"
+    elif tool == "bcc-profile":
+        argv = [
+            shutil.which("profile-bpfcc") or "/usr/sbin/profile-bpfcc",
+            "-F",
+            "99",
+            "-p",
+            str(pid),
+            "100000",
+        ]
+        word, what = "Sampling", "profile-bpfcc"
+    else:
+        argv = ["perf", "record", "-F", "99", "--call-graph", "dwarf", "-p", str(pid), "-o",
+                str(Path(tmp) / "perf.data"), "-q"]  # fmt: skip
+        word, what = "", "perf record"
+    # what it says goes to one pipe (BCC's tools say "Sampling" on stdout, record "collecting"
+    # on stderr), read until it is ready, then drained so that it never blocks on a full pipe
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        if word:
+            _ready_line(proc, word, 180, what)
+        assert proc.stdout is not None
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        time.sleep(1.0 if word else 2.0)
+        yield out if tool.startswith("record") else None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    time.sleep(1.0)  # the detach's own work (map reads, writing the profile) settles
+
+
+def attached_window(tool: str, server: Server, seconds: float, tmp: str) -> Window:
+    with tool_attached(tool, server.pid, tmp) as out:
+        w = measure_window(server, seconds)
+    if out is not None and out.exists():
+        w.profile = Profile.load(out)
+        cost = own_cost(w.profile)
+        w.own_cost = cost.share if cost is not None else None
+        out.unlink()
+    return w
+
+
+def start_single_load(server: Server, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    if args.load == "demo":
+        return demo.start_load(server.address, None).proc
+    subprocess.run([str(kvload_binary()), f"--server={server.address}", "--populate-only", "--quiet", *LOAD],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    argv = [str(kvload_binary()), f"--server={server.address}", "--duration=86400", "--no-population",
+            "--quiet", *LOAD]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
+    """One server under one continuous load; per tool, windows A B, B A, ... (A: detached)."""
+    tools = [t for t in args.tools.split(",") if t]
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise SystemExit(f"overhead: unknown tool {unknown[0]!r}: choose from {', '.join(TOOLS)}")
+    server = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
+    load = start_single_load(server, args)
+    try:
+        time.sleep(3.0)  # the demo load populates first
+        load_desc = (
+            "kvprof demo's (4 connections x 32 in flight, 5 % sets)"
+            if args.load == "demo"
+            else " ".join(LOAD)
+        )
+        print(f"kvcached PID {server.pid} ({args.preset}, 2 workers), one server; load: {load_desc}")
+        print(f"{args.pairs} pairs of {args.seconds:g} s windows per tool, A B / B A alternating, "
+              "tools in turn; ratio = with / without, from the server's `stats`")  # fmt: skip
+        print(f"{'pair':>4} {'tool':<20} {'without ops/s':>14} {'with':>12} {'ratio':>7} {'CPU/op':>7} "
+              f"{'own-cost':>9}")  # fmt: skip
+        ratios: dict[str, list[float]] = {t: [] for t in tools}
+        cpu: dict[str, list[float]] = {t: [] for t in tools}
+        costs: dict[str, list[float]] = {t: [] for t in tools}
+        profiles: list[Profile] = []
+        for i in range(args.pairs):
+            for tool in tools[i % len(tools) :] + tools[: i % len(tools)]:
+                if i % 2 == 0:
+                    a = measure_window(server, args.seconds)
+                    b = attached_window(tool, server, args.seconds, tmp)
+                else:
+                    b = attached_window(tool, server, args.seconds, tmp)
+                    a = measure_window(server, args.seconds)
+                r = b.ops_per_sec / a.ops_per_sec
+                c = (b.server_cpu / b.ops_per_sec) / (a.server_cpu / a.ops_per_sec)
+                ratios[tool].append(r)
+                cpu[tool].append(c)
+                if b.own_cost is not None:
+                    costs[tool].append(b.own_cost)
+                if b.profile is not None and tool == "record":
+                    profiles.append(b.profile)
+                own = f"{b.own_cost:.1%}" if b.own_cost is not None else "-"
+                print(f"{i + 1:>4} {tool:<20} {a.ops_per_sec:>14,.0f} {b.ops_per_sec:>12,.0f} {r:>7.3f} "
+                      f"{c:>7.3f} {own:>9}", flush=True)  # fmt: skip
+        print()
+        print(f"{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}")
+        for tool in tools:
+            rs = sorted(ratios[tool])
+            q = statistics.quantiles(rs, n=4) if len(rs) >= 2 else [rs[0]] * 3
+            med = statistics.median(rs)
+            own = f"{statistics.median(costs[tool]):.1%}" if costs[tool] else "-"
+            print(f"{tool:<20} {med:>12.3f} {q[0]:>6.3f}-{q[2]:<6.3f} {rs[0]:>6.3f}-{rs[-1]:<6.3f} "
+                  f"{1 - med:>6.1%} {own:>9}")  # fmt: skip
+        if profiles:
+            where_it_goes(profiles)
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.wait(timeout=10)
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
+def where_it_goes(profiles: list[Profile]) -> None:
+    """Per collector over the record windows: events/s, BPF ns per event, trap and BPF ms/s, share."""
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    for p in profiles:
+        cost = own_cost(p)
+        if cost is None:
+            continue
+        s = max(p.overhead.window_s, 1e-9)
+        for r in cost.rows:
+            rows.setdefault(r.collector, []).append(
+                (r.events_per_s, r.ns_per_event, r.bpf_ns / s / 1e6, r.trap_ns / s / 1e6, r.share)
+            )
+    hit = profiles[0].overhead.uprobe_hit_ns
+    print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {hit:.0f} ns per hit):")
+    print(f"{'collector':<12} {'events/s':>10} {'BPF ns/event':>12} {'BPF ms/s':>9} {'traps ms/s':>10} "
+          f"{'share':>7}")  # fmt: skip
+    for name, vals in sorted(rows.items(), key=lambda kv: -statistics.median(v[4] for v in kv[1])):
+        m = [statistics.median(v[k] for v in vals) for k in range(5)]
+        print(f"{name:<12} {m[0]:>10,.0f} {m[1]:>12,.0f} {m[2]:>9.2f} {m[3]:>10.2f} {m[4]:>7.2%}")
+
+
 def header(watch: str = "record") -> None:
     print(f"{'pair':>4} {'without ops/s':>14} {'with ' + watch:>14} {'ratio':>7} {'server CPU µs/op':>18}"
           f" {'round trips ns':>22}")  # fmt: skip
@@ -344,8 +569,20 @@ def header(watch: str = "record") -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=60, help="pairs to run (default 60)")
-    ap.add_argument("--seconds", type=float, default=2.0, help="seconds per run (default 2)")
+    ap.add_argument(
+        "--mode",
+        default="single",
+        choices=("single", "pair", "reattach"),
+        help="single: one server, tools attached and detached (default); pair: two servers",
+    )
+    ap.add_argument("--pairs", type=int, default=0, help="pairs per tool (default 8; 60 with --mode pair)")
+    ap.add_argument("--seconds", type=float, default=0.0, help="seconds per window (default 5; 2 for pair)")
+    ap.add_argument(
+        "--load", default="demo", choices=("demo", "light"), help="single: the load (default demo)"
+    )
+    ap.add_argument(
+        "--tools", default=",".join(TOOLS), help=f"single: what to attach (default {','.join(TOOLS)})"
+    )
     ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
     ap.add_argument(
         "--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: its own)"
@@ -365,6 +602,9 @@ def main() -> int:
         help="kvload threads (default 1: kvload near one core, the server below it; 2 fill both cores)",
     )
     args = ap.parse_args()
+    args.reattach = args.reattach or args.mode == "reattach"
+    args.pairs = args.pairs or (8 if args.mode == "single" else 60)
+    args.seconds = args.seconds or (5.0 if args.mode == "single" else 2.0)
     LOAD.insert(0, f"--num-threads={args.load_threads}")
     if args.watch == "top" and args.reattach:
         print("overhead: --reattach measures record only", file=sys.stderr)
@@ -379,7 +619,10 @@ def main() -> int:
     try:
         if stats_before is not None:
             BPF_STATS.write_text("1")
-        (reattach if args.reattach else side_by_side)(args, placement, tmp, sample)
+        if args.mode == "single":
+            single(args, tmp, sample)
+        else:
+            (reattach if args.reattach else side_by_side)(args, placement, tmp, sample)
     finally:
         if stats_before is not None:
             BPF_STATS.write_text(stats_before)

@@ -45,7 +45,9 @@ def program_ns(bpf: object) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of the one program loaded in `bpf`."""
     fn = bpf.funcs[b"on_event"]  # type: ignore[attr-defined]
     fields = dict(
-        line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines() if ":\t" in line
+        line.split(":\t", 1)
+        for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+        if ":\t" in line
     )
     return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
 

@@ -79,7 +79,8 @@ struct offcpu_thread {
     u16 preempted;
     u16 sampled;  // stacks were taken for the period that began at ts: OFFCPU_SAMPLED_*
     u32 pad;
-    u64 futex;    // the futex word the period waits on; 0: not a futex wait
+    u64 futex;       // the futex word the period waits on; 0: not a futex wait
+    u64 last_futex;  // the word of its last futex wait (its first wait on a word takes a stack)
 };
 
 struct offcpu_key {
@@ -254,13 +255,15 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     t->futex = t->preempted ? 0 : offcpu_futex_word(&user);
     int drawn = OFFCPU_STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % OFFCPU_STACK_SAMPLE == 0;
     t->sampled = drawn ? OFFCPU_SAMPLED_RANDOM : 0;
-    if (!t->sampled && t->futex) {
+    if (!t->sampled && t->futex && t->futex != t->last_futex) {
         struct offcpu_futex_key fk = {};
         fk.uaddr = t->futex;
         fk.tid = tid;
         if (!offcpu_futex.lookup(&fk))
             t->sampled = OFFCPU_SAMPLED_FIRST_WAIT;
     }
+    if (t->futex)
+        t->last_futex = t->futex;
     if (t->sampled) {
         t->user_stack = user.ip ? offcpu_user_stack(&user) : 0;
         t->kernel_stack = offcpu_stack_id(ctx, 0);

@@ -65,10 +65,14 @@ def missing_bcc() -> str | None:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
-OFFCPU_SAMPLE = 64  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
-PROBE_SAMPLE = 256  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
+OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
+PROBE_SAMPLE = 1024  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
+# What the kernel adds to one uprobe hit beyond the BPF program (the trap and
+# its return), for kvprof's own-cost figure: bench/probe_cost.py measures it
+# on a machine, docs/record.md has the figures.
+UPROBE_HIT_NS = 600
 
 
 @dataclass

@@ -23,6 +23,7 @@ from bcc.libbcc import lib
 from bcc.utils import get_online_cpus
 
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
+from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
 from kvprof.model.profile import Profile
 
@@ -108,6 +109,7 @@ class BpfCollector:
     maps while attached, what they held at close() after."""
 
     name = ""
+    fired_by = "perf_event"  # what runs its programs: perf_event, tracepoint or uprobe (own-cost figure)
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         self.pid = pid
@@ -123,6 +125,18 @@ class BpfCollector:
 
     def program(self) -> Program:
         raise NotImplementedError
+
+    def program_names(self, module: Module) -> list[str]:
+        """The names of this collector's programs in `module`: its `<name>_` functions."""
+        return [n for n in (f.decode() for f in module.bpf.funcs) if n.startswith(f"{self.name}_")]
+
+    def attached_programs(self) -> list[AttachedProgram]:
+        """This collector's loaded programs, for kvprof's own-cost figure."""
+        if self.module is None:
+            return []
+        funcs = self.module.bpf.funcs
+        names = self.program_names(self.module)
+        return [AttachedProgram(self.name, n, self.fired_by, funcs[n.encode()].fd) for n in names]
 
     def _attach(self, module: Module) -> None:
         raise NotImplementedError
@@ -197,6 +211,7 @@ class KvsCollector(BpfCollector):
 
     probes: ClassVar[dict[str, str]] = {}
     instead = ""  # what covers for it on a target without these probes
+    fired_by = "uprobe"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)

@@ -142,7 +142,9 @@ class CachelinesCollector(KvsCollector):
         snap = _Snapshot()
         for k, v in map_items(self.table("lines")):
             snap.rows.append(
-                LineRow(self.site(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles)
+                LineRow(
+                    self.site(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles
+                )
             )
             self._names.first_seen(k.tid)
         for k, n in map_items(self.table("hist")):

@@ -66,6 +66,7 @@ class _Snapshot:
 
 class OffCpuCollector(StackCollector):
     name = "offcpu"
+    fired_by = "tracepoint"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
@@ -91,6 +92,9 @@ class OffCpuCollector(StackCollector):
         super()._attach(module)
         self._data.unwinder = self.unwinder
 
+    def program_names(self, module: Module) -> list[str]:
+        return [*super().program_names(module), "raw_tracepoint__sched_switch"]
+
     def _detach(self) -> None:
         bpf = self.module.bpf if self.module is not None else None
         if bpf is None:
@@ -108,7 +112,9 @@ class OffCpuCollector(StackCollector):
             off[(int(key.tid), frames)] += int(value) * scale
         threads = map_items(self.table("threads"))
         per_thread = {int(k): int(v.total_ns) for k, v in threads if v.total_ns}
-        exact = {(int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in map_items(self.table("futex"))}
+        exact = {
+            (int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in map_items(self.table("futex"))
+        }
         sampled: dict[tuple[int, int], dict[tuple[str, ...], int]] = defaultdict(lambda: defaultdict(int))
         for key, value in map_items(self.table("futex_stacks")):
             frames, _ = self.frames(int(key.user_stack), -1)

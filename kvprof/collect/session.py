@@ -33,6 +33,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions
+from kvprof.collect.overhead import Meter
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
@@ -165,6 +166,7 @@ class Session:
         # thread waits for the step under way, so nothing stays attached
         self._attaching = threading.RLock()
         self._closed = False
+        self._meter = Meter(pid)  # what kvprof itself costs over the window
 
     # ---- lifetime ------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class Session:
         # cover the same window, and the target's own stats are read at this
         # point for the ground truth.
         self._base = self._read(probes_first=False)
+        self._meter.start(self._programs())
         self.started_at = time.time()
         self._t0 = time.monotonic()
 
@@ -347,6 +350,7 @@ class Session:
                     self.status.warnings.append(f"{collector.name}: close failed: {e}")
             while self._modules:
                 self._modules.pop().cleanup()
+            self._meter.close()
         if self._old_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
@@ -386,8 +390,16 @@ class Session:
 
     def snapshot(self) -> Profile:
         """Everything counted since the window started, as a Profile (no findings yet)."""
+        programs = self._programs()
         raw = self._read()
-        return delta(raw, self._base) if self._base is not None else raw
+        profile = delta(raw, self._base) if self._base is not None else raw
+        profile.overhead = self._meter.read(programs)
+        return profile
+
+    def _programs(self) -> list[Any]:
+        with self._lock:
+            active = list(self.active)
+        return [p for c in active if hasattr(c, "attached_programs") for p in c.attached_programs()]
 
     def _read(self, probes_first: bool = True) -> Profile:
         profile = Profile(

@@ -210,6 +210,35 @@ class Status:
     sample_rates: dict[str, int] = field(default_factory=dict)  # probe -> 1 in N (server's --probe-sample)
 
 
+@dataclass
+class ProgramCost:
+    """One of kvprof's BPF programs during the window: how often it ran, how long."""
+
+    collector: str
+    name: str
+    kind: str  # uprobe | tracepoint | perf_event (what fires it)
+    runs: int = 0
+    ns: int = 0
+
+
+@dataclass
+class Overhead:
+    """What kvprof itself cost during the window (kvprof.collect.overhead):
+    kvprof.analysis.tables.own_cost turns it into a share of the target."""
+
+    measured: bool = False  # the kernel's BPF run-time statistics were on
+    window_s: float = 0.0
+    cpus: int = 0
+    target_cpu_s: float = 0.0  # the target's utime + stime
+    kvprof_cpu_s: float = 0.0  # the kvprof process's (record or top), map reads included
+    uprobe_hit_ns: float = 0.0  # what the kernel adds per uprobe hit beyond the program
+    programs: list[ProgramCost] = field(default_factory=list)
+
+
+def _overhead(d: dict[str, Any]) -> Overhead:
+    return Overhead(**{**d, "programs": [ProgramCost(**x) for x in d.get("programs", [])]})
+
+
 def _addresses(d: dict[str, Any]) -> SampledAddresses:
     return SampledAddresses(**{**d, "samples": [AddressSample(**s) for s in d.get("samples", [])]})
 
@@ -231,6 +260,7 @@ class Profile:
     addresses: SampledAddresses = field(default_factory=SampledAddresses)
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
+    overhead: Overhead = field(default_factory=Overhead)
 
     # ---- file format ----------------------------------------------------
 
@@ -286,6 +316,7 @@ class Profile:
                 addresses=_addresses(d.get("addresses") or {}),
                 findings=[Finding(**f) for f in d.get("findings", [])],
                 status=Status(**d.get("status", {})),
+                overhead=_overhead(d.get("overhead") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed kvprof profile: {e}") from None

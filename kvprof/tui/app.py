@@ -26,6 +26,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
+from kvprof.analysis.own_cost import own_cost_line
 from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
 from kvprof.tui.sources import Source
@@ -340,6 +341,9 @@ class TopApp(App[None]):
             states = {n: s for n, s in st.collectors.items() if n != "error"}
             if states and all(s == "ok" for s in states.values()):
                 t.append(f"{len(states)} collectors ✓", "green")
+                cost = own_cost_line(frame.total) if frame.total is not None else ""
+                if cost:
+                    t.append(f" · {cost}")
             else:
                 for name, state in states.items():
                     mark, style = ("✓", "green") if state == "ok" else ("…", "yellow")

@@ -18,6 +18,7 @@ from typing import Any
 from kvprof.analysis.findings import find, rank_key, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, normalize
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
+from kvprof.analysis.own_cost import own_cost
 from kvprof.analysis.tables import (
     LINE_PROBE,
     by_transfers,
@@ -241,6 +242,7 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
             "threads": [asdict(r) for r in thread_rows(profile)],
             "requests": [asdict(r) for r in request_rows(profile)],
         },
+        **({"own_cost": asdict(cost)} if (cost := own_cost(profile)) is not None else {}),
     }
 
 
@@ -521,4 +523,31 @@ def render_text(profile: Profile, top: int = 15) -> str:
                 out.append(f"{_fit(rq.opcode, 11):<12}{rq.count:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}")
         else:
             out.append("no requests sampled")
+    out += _own_cost_lines(profile)
     return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _own_cost_lines(profile: Profile) -> list[str]:
+    """What kvprof cost the target over the window, by collector (nothing when unknown)."""
+    cost = own_cost(profile)
+    if cost is None:
+        return []
+    out = _section(f"KVPROF'S OWN COST: {cost.share:.1%} of the target")
+    if not cost.measured:
+        out.append("BPF run time not measured (BPF statistics could not be turned on)")
+    out += _wrap(
+        f"BPF programs {cost.bpf_share:.1%} and uprobe traps {cost.trap_share:.1%} of the target's CPU "
+        f"time, the kvprof process {cost.process_share:.1%} of the machine's (docs/record.md, Overhead)",
+        "",
+    )
+    out.append(
+        f"{'collector':<12}{'fired by':<12}{'events/s':>10}{'ns/event':>10}{'BPF ms/s':>10}"
+        f"{'traps ms/s':>11}{'share':>8}"
+    )
+    seconds = max(profile.overhead.window_s, 1e-9)
+    for r in cost.rows:
+        out.append(
+            f"{r.collector:<12}{r.fired_by:<12}{r.events_per_s:>10,.0f}{r.ns_per_event:>10,.0f}"
+            f"{r.bpf_ns / seconds / 1e6:>10.2f}{r.trap_ns / seconds / 1e6:>11.2f}{r.share * 100:>7.2f}%"
+        )
+    return out
