@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from kvprof.analysis.tables import seconds
 from kvprof.model.profile import HZ, Finding, Profile
 
 LINE = 64
@@ -142,7 +143,7 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
     `skip_functions` (already reported from the kvs probes) are left out."""
     out: list[Finding] = []
     hz = profile.hz or HZ  # a profile that does not say was taken at the default
-    dur = profile.window.duration_s if profile.window.duration_s > 0 else 1.0
+    dur = seconds(profile)
     for sl in line_table(profile):
         if not sl.contended or set(sl.functions) <= skip_functions:
             continue
