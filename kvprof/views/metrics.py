@@ -2,9 +2,10 @@
 
 `profile_metrics(profile, labeler)` maps a cumulative Profile (the session
 since its collectors attached) to metric families, and
-`target_metrics(stats, families)` the target's own `stats`; both are pure
-(the labeler keeps the labels steady from one scrape to the next and is
-handed the threads' CPUs by its caller). Serving them over HTTP is
+`target_metrics(stats, families)` the target's own `stats`; neither reads
+anything but its arguments (the labeler keeps the labels steady from one
+scrape to the next and is handed the threads' CPUs by its caller). Serving
+them over HTTP is
 kvprof/commands/exporter.py's. Every counter counts from the moment the
 collectors attached; they only go up, so `rate()` and `increase()` work on
 them as on any exporter's.
@@ -241,7 +242,11 @@ METRICS: dict[str, tuple[str, str, T]] = {
 }
 
 
-_FAMILIES: dict[str, type[Metric]] = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+# a METRICS type -> its family class (anything else is a histogram)
+_FAMILIES: dict[str, type[CounterMetricFamily] | type[GaugeMetricFamily]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+}
 
 
 class Families:
@@ -255,9 +260,7 @@ class Families:
         fam = self.families.get(name)
         if fam is None:
             kind, doc, labels = METRICS.get(name, (kind, doc, labels))
-            cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}.get(
-                kind, HistogramMetricFamily
-            )
+            cls = _FAMILIES.get(kind, HistogramMetricFamily)
             fam = self.families[name] = cls(f"{NS}_{name}", doc, labels=list(labels))
         return fam
 
