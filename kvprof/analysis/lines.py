@@ -58,6 +58,11 @@ class SampledLine:
         return len(self.threads)
 
     @property
+    def ranked_functions(self) -> list[str]:
+        """The functions that wrote it, most samples first."""
+        return sorted(self.functions, key=lambda f: -self.functions[f])
+
+    @property
     def contended(self) -> bool:
         return self.writers >= 2 and self.samples >= MIN_SAMPLES
 
@@ -148,7 +153,7 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
         if not sl.contended or set(sl.functions) <= skip_functions:
             continue
         tids = sorted(sl.threads, key=lambda t: -sl.threads[t])
-        funcs = sorted(sl.functions, key=lambda f: -sl.functions[f])
+        funcs = sl.ranked_functions
         severity = (
             "critical" if sl.share >= SHARE_CRITICAL else "warning" if sl.share >= SHARE_WARNING else "info"
         )
@@ -240,7 +245,7 @@ def line_row(sl: SampledLine) -> dict[str, object]:
         "line": f"0x{sl.line:x}",
         "symbol": sl.symbol,
         "symbols": [a.symbol for a in sl.addresses],
-        "functions": sorted(sl.functions, key=lambda f: -sl.functions[f]),
+        "functions": sl.ranked_functions,
         "instructions": dict(sl.instructions),
         "samples": sl.samples,
         "share": sl.share,

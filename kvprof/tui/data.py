@@ -445,7 +445,7 @@ def sampled_rows(frame: Frame) -> list[SampledRow]:
             sl.share,
             sl.writers,
             kind(sl),
-            ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f])),
+            ", ".join(sl.ranked_functions),
         )
         for sl in line_table(p)
     ]
