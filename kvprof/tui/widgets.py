@@ -334,7 +334,7 @@ class LocksPanel(TablePanel):
             for s in r.sites:
                 hot = data.lock_hotspot("", s.site)
                 label = Text("  └ " + s.site, HOT if hot else "")
-                cells = [label, num(s.waits_per_s), num(s.wait_ms_per_s), "", fit("", width)]
+                cells = [label, num(s.waits_per_s), num(s.wait_ms_per_s), "", ""]
                 yield f"{r.name}|{s.site}", (r.name, s.site, ""), cells
 
 
