@@ -345,7 +345,7 @@ def read_svg(path: Path) -> SvgDoc:
 
 
 def exposition(families: Any) -> dict[str, list[Any]]:
-    """/metrics text of `families` (kvprof.views.prometheus.Families), parsed back:
+    """/metrics text of `families` (kvprof.views.metrics.Families), parsed back:
     sample name -> samples."""
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families

@@ -324,8 +324,8 @@ def test_one_percentile_on_every_path() -> None:
 def test_sampled_probes_scaled_once() -> None:
     """The tables scale kvs:atomic__sample and kvs:cmd__done by the recorded 1 in N, and
     the report, the findings and the tables agree on the result."""
+    from kvprof.analysis.rows import line_rows
     from kvprof.analysis.tables import cachelines, requests, sites
-    from kvprof.views.report import line_rows
 
     p = baseline_profile()
     site = next(s for s in sites(p) if s.site == "on_create_item")

@@ -21,7 +21,7 @@ from kvprof.collect import CollectOptions
     [
         (["record", "-p", "1"], "kvprof.record:RecordOptions"),
         (["top", "-p", "1"], "kvprof.tui.run:TopOptions"),
-        (["exporter", "-p", "1"], "kvprof.views.prometheus:ExporterOptions"),
+        (["exporter", "-p", "1"], "kvprof.commands.exporter:ExporterOptions"),
     ],
 )
 def test_command_defaults_are_the_options_defaults(argv: list[str], where: str) -> None:

@@ -24,17 +24,11 @@ from typing import Any
 import pytest
 from support import KVPROF, exposition, semaphores
 
+from kvprof.commands.exporter import parse_listen
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology
 from kvprof.system.servers import Server, die_with_parent, free_port, kvload_binary
-from kvprof.views.prometheus import (
-    OTHER,
-    Labeler,
-    TopFunctions,
-    parse_listen,
-    profile_metrics,
-    target_metrics,
-)
+from kvprof.views.metrics import OTHER, Labeler, TopFunctions, profile_metrics, target_metrics
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "top-baseline.json"
@@ -45,7 +39,7 @@ PER_THREAD = ("kvprof_lock_waits_total", "kvprof_lock_wait_seconds_total", "kvpr
 def test_names_follow_prometheus_conventions() -> None:
     """Counters end in _total, times are seconds, per-thread series carry thread, thread_name, socket."""
     p = Profile.load(FIXTURE)
-    fam = profile_metrics(p, Labeler(p.target.pid, Topology.from_dict(p.host.topology)))
+    fam = profile_metrics(p, Labeler(Topology.from_dict(p.host.topology)))
     target_metrics(
         {"general": {"cmd_get": "10", "curr_items": "3", "rusage_user": "1.5", "version": "x"}}, fam
     )
@@ -76,7 +70,7 @@ def test_names_follow_prometheus_conventions() -> None:
 def test_function_label_is_bounded_and_adds_up() -> None:
     """--top 3: at most 3 functions plus `other`, and together every on-CPU sample."""
     p = Profile.load(FIXTURE)
-    fam = profile_metrics(p, Labeler(p.target.pid, Topology.from_dict(p.host.topology), top=3, max_labels=1))
+    fam = profile_metrics(p, Labeler(Topology.from_dict(p.host.topology), top=3, max_labels=1))
     cpu = exposition(fam)["kvprof_cpu_samples_total"]
     functions = {s.labels["function"] for s in cpu}
     assert OTHER in functions and len(functions) <= 4, functions

@@ -155,7 +155,7 @@ def test_the_package_root_imports_nothing_of_kvprof() -> None:
 # the plain-dataclass room every stage may load; system (doctor, the server launcher)
 # reads ELF and server stats through collect; bench and the commands are clients.
 SESSION = "kvprof.collect.session"
-VIEWS = ("kvprof.views", "kvprof.tui")  # what a person reads: report and exporter; top
+VIEWS = ("kvprof.views", "kvprof.tui")  # what a person reads: report, the exporter's metrics; top
 CLIENTS = ("kvprof.commands", "kvprof.cli", "kvprof.bench", "kvprof.demo", "kvprof.record")
 LATER = {
     "kvprof.model": ("kvprof.collect", "kvprof.analysis", *VIEWS, "kvprof.export", "kvprof.system",

@@ -217,7 +217,7 @@ def test_recorded_false_sharing_in_every_view() -> None:
     from kvprof.model.topology import Topology
     from kvprof.tui import data
     from kvprof.tui.data import Sample, Timeline, build_frame
-    from kvprof.views.prometheus import Labeler, profile_metrics
+    from kvprof.views.metrics import Labeler, profile_metrics
     from kvprof.views.report import to_json
 
     p = Profile.load(FIXTURE)
@@ -239,7 +239,7 @@ def test_recorded_false_sharing_in_every_view() -> None:
     assert any(r.cost.startswith("adder — false sharing: ") for r in data.finding_rows(frame))
     assert "lines" not in frame.status.unavailable or "sampled registers" in frame.status.unavailable["lines"]
 
-    samples = exposition(profile_metrics(p, Labeler(p.target.pid, Topology.from_dict(p.host.topology))))
+    samples = exposition(profile_metrics(p, Labeler(Topology.from_dict(p.host.topology))))
     series = samples["kvprof_sampled_line_samples_total"]
     assert {s.labels["symbol"] for s in series} == {"shared_line"}
     assert sum(s.value for s in series) == sum(a.count for a in p.addresses.samples)

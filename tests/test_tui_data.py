@@ -85,11 +85,11 @@ def test_rows_of_every_view() -> None:
     tl.add(Sample(5.0, fixture()))
     frame = build_frame(tl, "t", "c", "replay")
     assert data.stack_rows(frame)[0].self_now > 0
-    assert {r.lock for r in data.lock_rows(frame)} >= {"topkeys"}
-    assert any(r.site == "update_topkeys" for r in data.lock_rows(frame))
+    assert {r.name for r in data.lock_rows(frame)} >= {"topkeys"}
+    assert any(s.site == "update_topkeys" for r in data.lock_rows(frame) for s in r.sites)
     lines = {r.site: r for r in data.line_rows(frame)}
     assert {"on_create_item", "collect_timings", "account_memory"} <= set(lines)
-    assert lines["account_memory"].writers == 2 and lines["account_memory"].cross_share > 0
+    assert lines["account_memory"].writers == 2 and lines["account_memory"].cross_socket_share > 0
     m = data.transfer_matrix(frame)
     assert len(m) == 2 and m[0][1] > 0 and m[1][0] > 0  # the fixture's two (fake) sockets
     assert len(data.line_threads(frame, "account_memory")) == 2

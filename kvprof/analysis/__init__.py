@@ -1,4 +1,5 @@
-"""Analysis: the hotspot catalog and the findings drawn from a profile.
+"""Analysis: a window's tables (tables), the rows the views show of them (rows), the
+hotspot catalog (hotspots) and the findings drawn from them (findings/).
 
 Pure functions over kvprof.model; nothing here imports bcc or textual.
 """

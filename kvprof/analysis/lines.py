@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from kvprof.analysis.tables import seconds
 from kvprof.model.profile import HZ, Finding, Profile
 
 LINE = 64
@@ -55,6 +56,11 @@ class SampledLine:
     @property
     def writers(self) -> int:
         return len(self.threads)
+
+    @property
+    def ranked_functions(self) -> list[str]:
+        """The functions that wrote it, most samples first."""
+        return sorted(self.functions, key=lambda f: -self.functions[f])
 
     @property
     def contended(self) -> bool:
@@ -142,12 +148,12 @@ def line_findings(profile: Profile, skip_functions: set[str] | frozenset[str] = 
     `skip_functions` (already reported from the kvs probes) are left out."""
     out: list[Finding] = []
     hz = profile.hz or HZ  # a profile that does not say was taken at the default
-    dur = profile.window.duration_s if profile.window.duration_s > 0 else 1.0
+    dur = seconds(profile)
     for sl in line_table(profile):
         if not sl.contended or set(sl.functions) <= skip_functions:
             continue
         tids = sorted(sl.threads, key=lambda t: -sl.threads[t])
-        funcs = sorted(sl.functions, key=lambda f: -sl.functions[f])
+        funcs = sl.ranked_functions
         severity = (
             "critical" if sl.share >= SHARE_CRITICAL else "warning" if sl.share >= SHARE_WARNING else "info"
         )
@@ -239,7 +245,7 @@ def line_row(sl: SampledLine) -> dict[str, object]:
         "line": f"0x{sl.line:x}",
         "symbol": sl.symbol,
         "symbols": [a.symbol for a in sl.addresses],
-        "functions": sorted(sl.functions, key=lambda f: -sl.functions[f]),
+        "functions": sl.ranked_functions,
         "instructions": dict(sl.instructions),
         "samples": sl.samples,
         "share": sl.share,

@@ -2,9 +2,9 @@
 
 Each function takes one Profile (a recording, or a window of a live session
 cut by kvprof.model.delta) and returns plain dataclasses of counts, grouped
-and ranked; the views (`report`, `top`, the exporter) turn them into rates
-and text, and kvprof.analysis.findings judges them. Data flows one way:
-model -> tables -> findings -> views.
+and ranked; kvprof.analysis.rows turns them into the rates `report` and
+`top` show, the exporter serves the counts, and kvprof.analysis.findings
+judges them. Data flows one way: model -> tables -> rows, findings -> views.
 
 Sampled probes are scaled here and nowhere else: kvcached fires
 `kvs:atomic__sample` and `kvs:cmd__done` for 1 event in N (its
@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from kvprof.analysis.hotspots import call_site
 from kvprof.model.histogram import hist_add, hist_percentile
-from kvprof.model.profile import FutexWait, OffCpuStack, Profile
+from kvprof.model.profile import CacheLineStat, FutexWait, OffCpuStack, Profile
 
 LOCK_PROBE = "lock__wait__done"
 LINE_PROBE = "atomic__sample"
@@ -36,8 +36,15 @@ PERCENTILES = (0.5, 0.9, 0.99, 0.999)  # the request table's p50, p90, p99, p99.
 
 
 def seconds(p: Profile) -> float:
-    """The window's length, 1 s when it is unknown (so rates read as counts)."""
+    """The window's length, 1 s when it is unknown (so rates read as counts): the one
+    window length of the findings, the report, top and the exporter. Not 0: a rate of
+    0 would hide what was counted, and a window that lasted no time counted nothing."""
     return p.window.duration_s if p.window.duration_s > 0 else 1.0
+
+
+def per_second(p: Profile, n: float) -> float:
+    """A count of the window as a rate."""
+    return n / seconds(p)
 
 
 def sample_rate(p: Profile, probe: str) -> int:
@@ -258,6 +265,18 @@ class Site:
     rate: int
 
 
+def transfers_matrix(lines: Iterable[CacheLineStat], scale: int = 1) -> list[list[int]]:
+    """The lines' transfers [from socket][to socket] summed, times `scale` (a sample rate)."""
+    lines = list(lines)
+    size = max((len(cl.socket_matrix) for cl in lines), default=0)
+    m = [[0] * size for _ in range(size)]
+    for cl in lines:
+        for i, row in enumerate(cl.socket_matrix):
+            for j, v in enumerate(row):
+                m[i][j] += v * scale
+    return m
+
+
 def _writers(by_thread: dict) -> int:  # type: ignore[type-arg]
     return len([1 for v in by_thread.values() if v.samples > 0])
 
@@ -296,8 +315,6 @@ def sites(p: Profile) -> list[Site]:
             continue
         hist: list[int] = []
         threads: dict[str, LineThread] = {}
-        size = max((len(cl.socket_matrix) for cl in group), default=0)
-        matrix = [[0] * size for _ in range(size)]
         for cl in group:
             hist = hist_add(hist, cl.hist_log2_cycles)
             for tid, lt in cl.by_thread.items():
@@ -306,9 +323,6 @@ def sites(p: Profile) -> list[Site]:
                 t.updates += lt.samples * rate
                 t.transfers += lt.transfers * rate
                 t.cycles += lt.cycles_mean * lt.samples
-            for i, row in enumerate(cl.socket_matrix):
-                for j, v in enumerate(row):
-                    matrix[i][j] += v * rate
         out.append(
             Site(
                 site=site,
@@ -322,7 +336,7 @@ def sites(p: Profile) -> list[Site]:
                 cycles_p99=hist_percentile(hist, 0.99),
                 writers=max(_writers(cl.by_thread) for cl in group),
                 by_thread=threads,
-                socket_matrix=matrix,
+                socket_matrix=transfers_matrix(group, rate),
                 rate=rate,
             )
         )
@@ -331,15 +345,8 @@ def sites(p: Profile) -> list[Site]:
 
 def socket_matrix(p: Profile) -> list[list[float]]:
     """Transfers per second [from socket][to socket], all lines together, scaled."""
-    dur = seconds(p)
-    rate = sample_rate(p, LINE_PROBE)
-    size = max((len(cl.socket_matrix) for cl in p.cachelines), default=0)
-    m = [[0.0] * size for _ in range(size)]
-    for cl in p.cachelines:
-        for i, row in enumerate(cl.socket_matrix):
-            for j, v in enumerate(row):
-                m[i][j] += v * rate / dur
-    return m
+    m = transfers_matrix(p.cachelines, sample_rate(p, LINE_PROBE))
+    return [[per_second(p, v) for v in row] for row in m]
 
 
 # ---- threads ----------------------------------------------------------------------
@@ -359,7 +366,7 @@ class Thread:
 
 def offcpu_stacks(p: Profile) -> list[OffCpuStack]:
     """The off-CPU stacks, each thread's capped at its exact off-CPU total. A stack's ns
-    are its sampled periods scaled by the sample rate (1 in 64): unbiased, but a thread
+    are its sampled periods scaled by the sample rate (--offcpu-sample): unbiased, but a thread
     with a few long sleeps, one of them sampled, is estimated past the window."""
     estimated: dict[int, int] = defaultdict(int)
     for st in p.offcpu.stacks:

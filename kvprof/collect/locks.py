@@ -28,7 +28,7 @@ COUNTERS = ("events", "map_full", "stack_errors")  # the order of enum locks_cou
 
 
 @dataclass
-class LockRow:
+class LockMapEntry:
     """One BPF map entry: waits of one thread on one lock from one call site."""
 
     name: str
@@ -42,7 +42,7 @@ class LockRow:
 
 @dataclass
 class _Snapshot:
-    rows: list[LockRow] = field(default_factory=list)
+    rows: list[LockMapEntry] = field(default_factory=list)
     hist: dict[str, list[int]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     frames: dict[int, list[str]] = field(default_factory=dict)  # stack id -> frames
@@ -64,7 +64,7 @@ class LocksCollector(KvsCollector):
         snap = _Snapshot()
         stacks = self.table("stacks")
         for k, v in map_items(self.table("waits")):
-            row = LockRow(cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
+            row = LockMapEntry(cstr(k.name), k.lock, k.tid, k.stack_id, v.waits, v.wait_ns, v.max_ns)
             snap.rows.append(row)
             if row.stack_id not in snap.frames:
                 frames = self._frames.get(row.stack_id)
@@ -104,7 +104,7 @@ class LocksCollector(KvsCollector):
 
 
 def aggregate(
-    rows: list[LockRow], hist: dict[str, list[int]], frames: dict[int, list[str]]
+    rows: list[LockMapEntry], hist: dict[str, list[int]], frames: dict[int, list[str]]
 ) -> list[LockStat]:
     """Fold map rows into one LockStat per lock name, most waited first."""
     by_name: dict[str, LockStat] = {}

@@ -1,11 +1,30 @@
-"""`kvprof exporter -p PID [--listen HOST:PORT]`: a Prometheus exporter over a live session."""
+"""`kvprof exporter -p PID [--listen HOST:PORT]`: a Prometheus exporter over a live session.
+
+One process attaches kvprof's collectors to one target, serves `/metrics`
+on loopback (unless told otherwise) and reads the session when scraped; what
+a scrape returns is kvprof.views.metrics' (loaded when the command runs, so
+that building the parser loads no view and no prometheus_client).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from kvprof.collect.session import Session
 
 HELP = "serve a live session's counters to Prometheus"
 
@@ -30,9 +49,29 @@ Prometheus scrape config (docs/fleet.md):
     static_configs: [{targets: ["127.0.0.1:9464"]}]
 """
 
-# kvprof.views.prometheus.ExporterOptions' defaults (tests/test_cli.py checks they agree): kept
-# literal so that building the parser loads no view
 HZ = 49  # lower than record's: the exporter runs for long
+
+
+@dataclass
+class ExporterOptions:
+    pid: int
+    listen: str = "127.0.0.1:9464"
+    hz: int = HZ
+    collectors: tuple[str, ...] = ()
+    top: int = 20  # functions with series of their own
+    max_labels: int = 64  # threads, locks, sites: the rest are `other`
+    min_interval: float = 1.0  # scrapes closer than this share one reading of the maps
+    offcpu_sample: int = 64
+    quiet: bool = False
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (loopback) -> (host, port); ValueError when malformed."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
 
 
 def add_parser(commands: Any) -> None:
@@ -59,6 +98,152 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.views.prometheus import ExporterOptions, run
-
     return run(options(ExporterOptions, args))
+
+
+class SessionCollector:
+    """A prometheus_client collector over a live Session: reads it when scraped
+    (at most once per `min_interval`; concurrent scrapes share the reading)."""
+
+    def __init__(self, opts: ExporterOptions, session: Session) -> None:
+        self.opts = opts
+        self.session = session
+        from kvprof.collect.thread_sockets import thread_cpus
+        from kvprof.views.metrics import Labeler
+
+        self.labeler = Labeler(
+            session.opts.topology, opts.top, opts.max_labels, thread_cpus=lambda: thread_cpus(opts.pid)
+        )
+        self.attached = False  # set once the session has started its window
+        self.states: dict[str, str] = dict.fromkeys(session.names, "attaching")  # until then
+        self._lock = threading.Lock()
+        self._cache: tuple[float, list[Metric]] | None = None
+        self.scrapes = 0
+        self.closed = False
+
+    def on_state(self, name: str, state: str) -> None:
+        """The session's progress while it attaches (Session.start's on_state)."""
+        self.states[name] = state
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cache is None or now - self._cache[0] >= self.opts.min_interval:
+                self._cache = (now, self._read())
+            self.scrapes += 1
+            metrics = self._cache[1]
+        yield from metrics
+
+    def _read(self) -> list[Metric]:
+        from kvprof.collect.session import alive
+        from kvprof.views.metrics import Families, profile_metrics, target_metrics
+
+        began = time.monotonic()
+        if not self.attached or self.closed:
+            fam = Families()
+            fam.add("collector_up", {(name,): 0.0 for name in self.states})
+        else:
+            fam = profile_metrics(self.session.snapshot(), self.labeler)
+            fam.add("session_start_time_seconds", self.session.started_at)
+        fam.add("target_up", float(alive(self.opts.pid)))
+        target_metrics(self.session.stats(("", "locks", "timings")), fam)
+        fam.add("scrape_read_seconds", time.monotonic() - began)
+        return list(fam.families.values())
+
+    def close(self) -> None:
+        """Detach; a scrape in flight finishes first."""
+        with self._lock:
+            self.closed = True
+            self.session.close()
+
+
+def _say(opts: ExporterOptions, line: str) -> None:
+    if not opts.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _attach_and_wait(opts: ExporterOptions, session: Session, collector: SessionCollector, where: str) -> int:
+    """Attaches the session's collectors, then waits for the target's exit (status 1)."""
+    from kvprof.collect.session import alive
+
+    target = session.target
+    n = len(session.names)
+    _say(opts, f"Attaching to {target.comm} PID {target.pid} ({n} collectors, compiling BPF)...")
+    session.start(on_state=collector.on_state)
+    collector.attached = True
+    attached = [n for n, s in session.status.collectors.items() if s == "ok"]
+    _say(
+        opts,
+        f"Serving http://{where}/metrics for {target.comm} "
+        f"PID {target.pid} ({', '.join(attached)}); SIGTERM or Ctrl-C detaches",
+    )
+    for name, state in session.status.collectors.items():
+        if state != "ok":
+            _say(opts, f"  {name}: {state}")
+    stop = threading.Event()
+    while not stop.wait(0.5):
+        if not alive(opts.pid):
+            _say(opts, f"kvprof exporter: the target (PID {opts.pid}) exited; detaching")
+            return 1
+    return 0
+
+
+def run(opts: ExporterOptions) -> int:
+    """Serves until SIGTERM, Ctrl-C or the target's exit; returns the exit status."""
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
+    from kvprof.collect import CollectError, CollectOptions
+    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone
+
+    def fail(message: str) -> int:
+        print(f"kvprof exporter: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        host, port = parse_listen(opts.listen)
+    except ValueError as e:
+        return fail(str(e))
+    try:  # py-spy and perf are record's: the exporter reads BPF's counters at every scrape
+        session = Session(
+            opts.pid,
+            opts.collectors or ALL_COLLECTORS,
+            CollectOptions(hz=opts.hz, offcpu_sample=opts.offcpu_sample, python=False),
+        )
+    except TargetGone as e:
+        return fail(str(e))
+    except PermissionError:
+        return fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
+    if os.geteuid() != 0:
+        return fail("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
+    collector = SessionCollector(opts, session)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:  # before attaching, so a busy port is said at once and not after a compile
+        server, thread = start_http_server(port, host, registry)
+    except OSError as e:
+        why = "is in use" if e.errno == 98 else f"cannot be bound ({e.strerror or e})"
+        return fail(f"{host}:{port} {why}: choose another with --listen HOST:PORT")
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    status = 0
+    try:
+        status = _attach_and_wait(
+            opts, session, collector, f"{host if ':' not in host else f'[{host}]'}:{port}"
+        )
+    except KeyboardInterrupt:
+        _say(opts, "kvprof exporter: detaching")
+    except (CollectError, TargetGone) as e:  # no collector attached, or the target left meanwhile
+        status = fail(str(e))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        collector.close()
+        signal.signal(signal.SIGTERM, old_term)
+    if status == 0:
+        _say(opts, f"kvprof exporter: detached after {collector.scrapes} scrapes")
+    return status

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from kvprof.analysis import rows
 from kvprof.analysis.findings import find, summary
 from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
 from kvprof.analysis.lines import kind, line_table
-from kvprof.analysis.tables import by_wait, functions, locks, requests, sites, socket_matrix, threads
+from kvprof.analysis.rows import LockRow, RequestRow, SiteRow, SiteThreadRow, ThreadRow
+from kvprof.analysis.tables import cpu_share, socket_matrix
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.delta import delta
 from kvprof.model.profile import Finding, Profile, Window
@@ -260,15 +261,6 @@ def profile_to_save(tl: Timeline) -> Profile | None:
 # ---- rows -----------------------------------------------------------------------
 
 
-def _dur(p: Profile) -> float:
-    return p.window.duration_s if p.window.duration_s > 0 else 0.0
-
-
-def _rate(n: float, p: Profile) -> float:
-    d = _dur(p)
-    return n / d if d else 0.0
-
-
 def pct(x: float) -> str:
     """A share as a percentage: one decimal under 10 %."""
     return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
@@ -360,10 +352,10 @@ class CpuBar:
 def cpu_bars(frame: Frame) -> list[CpuBar]:
     """CPU per thread over the recent window, busiest first."""
     p = frame.recent
-    if p is None or p.hz <= 0 or not _dur(p):
+    if p is None:
         return []
-    rows = [CpuBar(tid, th.name, th.cpu_samples / p.hz / _dur(p)) for tid, th in p.threads.items()]
-    return sorted((r for r in rows if r.cpu > 0), key=lambda r: (-r.cpu, r.tid))
+    bars = [CpuBar(tid, th.name, cpu_share(p, th.cpu_samples)) for tid, th in p.threads.items()]
+    return sorted((b for b in bars if b.cpu > 0), key=lambda b: (-b.cpu, b.tid))
 
 
 @dataclass(frozen=True)
@@ -378,21 +370,14 @@ class StackRow:
 
 def stack_rows(frame: Frame, tid: str | None = None, limit: int = 200) -> list[StackRow]:
     """Functions by self share over the last interval, then since start; one thread or all."""
-    now, all_ = functions(frame.interval, tid), functions(frame.total, tid)
-    n_now, n_all = now.samples, all_.samples
-    rows = [
-        StackRow(
-            function=f,
-            self_now=now.self_samples.get(f, 0) / n_now if n_now else 0.0,
-            total_now=now.total_samples.get(f, 0) / n_now if n_now else 0.0,
-            self_all=all_.self_samples.get(f, 0) / n_all if n_all else 0.0,
-            total_all=incl / n_all if n_all else 0.0,
-            hotspot=(h.id if (h := match_function(f)) else ""),
-        )
-        for f, incl in all_.total_samples.items()
-    ]
-    rows.sort(key=lambda r: (-r.self_now, -r.self_all, -r.total_all, r.function))
-    return rows[:limit]
+    now = {r.function: r for r in rows.function_rows(frame.interval, tid)}
+    out = []
+    for r in rows.function_rows(frame.total, tid):
+        n = now.get(r.function)
+        self_now, total_now = (n.self_share, n.total_share) if n is not None else (0.0, 0.0)
+        out.append(StackRow(r.function, self_now, total_now, r.self_share, r.total_share, r.hotspot))
+    out.sort(key=lambda r: (-r.self_now, -r.self_all, -r.total_all, r.function))
+    return out[:limit]
 
 
 def thread_choices(frame: Frame) -> list[tuple[str, str]]:
@@ -404,119 +389,35 @@ def thread_choices(frame: Frame) -> list[tuple[str, str]]:
     return [(tid, th.name) for tid, th in busy if th.cpu_samples > 0]
 
 
-@dataclass(frozen=True)
-class LockRow:
-    lock: str
-    site: str  # "" on a lock's own row, the call site on the rows under it
-    waits_per_s: float
-    wait_ms_per_s: float
-    p99_ms: float | None  # from the lock's histogram; None on call-site rows
-    split: str  # per-thread share of the wait time
-
-
 def lock_hotspot(lock: str, site: str) -> bool:
     """Whether a lock name (or a call site waiting on a lock) is in the hotspot catalog."""
     return (bool(lock) and match_lock(lock) is not None) or (bool(site) and match_function(site) is not None)
 
 
-def _split(shares: Mapping[str, float], names: dict[str, str]) -> str:
-    total = sum(shares.values())
-    if total <= 0:
+def wait_split(frame: Frame, row: LockRow) -> str:
+    """Each thread's share of a lock's wait time, most first: "kv-worker-0 60%  kv-worker-1 40%"."""
+    total = sum(row.wait_ns_by_thread.values())
+    if total <= 0 or frame.recent is None:
         return ""
-    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    names = {t: th.name for t, th in frame.recent.threads.items()}
+    top = sorted(row.wait_ns_by_thread.items(), key=lambda kv: -kv[1])
     return "  ".join(f"{names.get(t) or t} {v / total:.0%}" for t, v in top)
 
 
 def lock_rows(frame: Frame) -> list[LockRow]:
-    """Per lock name, then per call site under it, over the recent window."""
-    p = frame.recent
-    if p is None:
-        return []
-    names = {t: th.name for t, th in p.threads.items()}
-    out = []
-    for lk in by_wait(locks(p)):
-        out.append(
-            LockRow(
-                lock=lk.name,
-                site="",
-                waits_per_s=_rate(lk.waits, p),
-                wait_ms_per_s=_rate(lk.wait_ns / 1e6, p),
-                p99_ms=None if lk.p99_ns is None else lk.p99_ns / 1e6,
-                split=_split({t: w.wait_ns for t, w in lk.by_thread.items()}, names),
-            )
-        )
-        out += [
-            LockRow(lk.name, site, _rate(w.waits, p), _rate(w.wait_ns / 1e6, p), None, "")
-            for site, w in lk.sites
-        ]
-    return out
+    """Per lock name (its call sites in `sites`), over the recent window."""
+    return rows.lock_rows(frame.recent) if frame.recent is not None else []
 
 
-@dataclass(frozen=True)
-class LineRow:
-    site: str
-    lines: int  # distinct cache lines the site updated
-    updates_per_s: float  # scaled by the probe's sample rate
-    cycles_mean: float
-    cycles_p99: int
-    transfers_per_s: float  # scaled
-    cross_share: float
-    writers: int
-    hotspot: str
-
-
-@dataclass(frozen=True)
-class ThreadBar:
-    tid: str
-    name: str
-    updates_per_s: float
-    transfers_per_s: float
-    cycles_mean: float
-
-
-def line_rows(frame: Frame) -> list[LineRow]:
+def line_rows(frame: Frame) -> list[SiteRow]:
     """Per kvs site over the recent window, most transfers first."""
-    p = frame.recent
-    if p is None:
-        return []
-    rows = [
-        LineRow(
-            site=st.site,
-            lines=len(st.lines),
-            updates_per_s=_rate(st.updates, p),
-            cycles_mean=st.cycles_mean,
-            cycles_p99=st.cycles_p99,
-            transfers_per_s=_rate(st.transfers, p),
-            cross_share=st.cross_socket / st.transfers if st.transfers else 0.0,
-            writers=st.writers,
-            hotspot=(h.id if (h := match_function(st.site)) else ""),
-        )
-        for st in sites(p)
-    ]
-    rows.sort(key=lambda r: (-r.transfers_per_s, r.site))
-    return rows
+    return rows.site_rows(frame.recent) if frame.recent is not None else []
 
 
-def line_threads(frame: Frame, site: str) -> list[ThreadBar]:
+def line_threads(frame: Frame, site: str) -> list[SiteThreadRow]:
     """Who updates `site`'s lines, over the recent window, most updates first."""
-    p = frame.recent
-    if p is None:
-        return []
-    st = next((st for st in sites(p) if st.site == site), None)
-    if st is None:
-        return []
-    rows = [
-        ThreadBar(
-            tid,
-            p.threads[tid].name if tid in p.threads else "",
-            _rate(lt.updates, p),
-            _rate(lt.transfers, p),
-            lt.cycles_mean,
-        )
-        for tid, lt in st.by_thread.items()
-        if lt.samples > 0
-    ]
-    return sorted(rows, key=lambda r: (-r.updates_per_s, r.tid))
+    row = next((r for r in line_rows(frame) if r.site == site), None)
+    return list(row.threads) if row is not None else []
 
 
 @dataclass(frozen=True)
@@ -544,7 +445,7 @@ def sampled_rows(frame: Frame) -> list[SampledRow]:
             sl.share,
             sl.writers,
             kind(sl),
-            ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f])),
+            ", ".join(sl.ranked_functions),
         )
         for sl in line_table(p)
     ]
@@ -564,75 +465,31 @@ def socket_count(frame: Frame) -> int:
     return len({place.get("socket", 0) for place in p.host.topology.values()}) or 1
 
 
-@dataclass(frozen=True)
-class ThreadRow:
-    tid: str
-    name: str
-    cpu: float  # share of one CPU
-    sockets: str
-    lock_wait: float  # share of the thread's wall time
-    offcpu: float
-    top_function: str
-    stack_quality: str
-
-
-def _quality(q: float | None) -> str:
+def stack_quality(q: float | None) -> str:
+    """A thread's stack quality in a word: "good", "30% short", "-" when unknown."""
     if q is None:
         return "-"
     return "good" if q < 0.1 else f"{q:.0%} short"
 
 
+def top_function(row: ThreadRow) -> str:
+    """A thread's hottest leaf, its module offset folded, `[k]` for the kernel's."""
+    top = row.top_function
+    return normalize(top) + (" [k]" if is_kernel(top) else "") if top else ""
+
+
 def thread_rows(frame: Frame) -> list[ThreadRow]:
-    """Every thread over the recent window, busiest first."""
-    p = frame.recent
-    if p is None:
+    """Every thread over the recent window, busiest first (the idle most off the CPU first)."""
+    if frame.recent is None:
         return []
-    d = _dur(p)
-    rows = []
-    for th in threads(p):
-        top = th.top_function
-        rows.append(
-            ThreadRow(
-                tid=th.tid,
-                name=th.name,
-                cpu=th.samples / p.hz / d if p.hz > 0 and d else 0.0,
-                sockets=",".join(s for s, n in sorted(th.sockets.items()) if n > 0) or "-",
-                lock_wait=th.lock_wait_ns / 1e9 / d if d else 0.0,
-                offcpu=th.offcpu_ns / 1e9 / d if d else 0.0,
-                top_function=normalize(top) + (" [k]" if is_kernel(top) else "") if top else "",
-                stack_quality=_quality(th.stack_quality),
-            )
-        )
-    rows.sort(key=lambda r: (-r.cpu, -r.offcpu, r.tid))
-    return rows
-
-
-@dataclass(frozen=True)
-class RequestRow:
-    opcode: str
-    per_s: float  # over the recent window, scaled by the probe's sample rate
-    samples: int  # sampled requests since start: what the percentiles rest on
-    p50_us: float
-    p90_us: float
-    p99_us: float
-    p999_us: float
+    return sorted(rows.thread_rows(frame.recent), key=lambda r: (-r.cpu_share, -r.offcpu_share, r.tid))
 
 
 def request_rows(frame: Frame) -> list[RequestRow]:
-    """Latency percentiles per opcode since start (more samples), rates over the recent window."""
+    """Latency percentiles per opcode since start (more samples), with `per_s` over the recent
+    window."""
     recent, total = frame.recent, frame.total
     if recent is None or total is None:
         return []
-    now = {r.opcode: r.count for r in requests(recent)}
-    return [
-        RequestRow(
-            opcode=r.opcode,
-            per_s=_rate(now.get(r.opcode, 0), recent),
-            samples=r.samples,
-            p50_us=r.p50_ns / 1e3,
-            p90_us=r.p90_ns / 1e3,
-            p99_us=r.p99_ns / 1e3,
-            p999_us=r.p999_ns / 1e3,
-        )
-        for r in requests(total)
-    ]
+    now = {r.opcode: r.per_s for r in rows.request_rows(recent)}
+    return [replace(r, per_s=now.get(r.opcode, 0.0)) for r in rows.request_rows(total)]

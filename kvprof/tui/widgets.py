@@ -323,17 +323,19 @@ class LocksPanel(TablePanel):
     )  # fmt: skip
 
     def rows(self, frame: Frame) -> Iterable[Row]:
+        width = max(16, self.app.size.width - 62)
         for r in data.lock_rows(frame):
-            hot = data.lock_hotspot("" if r.site else r.lock, r.site)
-            if r.site:
-                label = Text("  └ " + r.site, HOT if hot else "")
-                p99 = ""
-            else:
-                label = Text(("★ " if hot else "") + r.lock, "bold " + (HOT if hot else ""))
-                p99 = "-" if r.p99_ms is None else f"{r.p99_ms:.2f} ms"
-            split = fit(r.split, max(16, self.app.size.width - 62))
-            cells = [label, num(r.waits_per_s), num(r.wait_ms_per_s), p99, split]
-            yield f"{r.lock}|{r.site}", (r.lock, r.site, r.split), cells
+            hot = data.lock_hotspot(r.name, "")
+            label = Text(("★ " if hot else "") + r.name, "bold " + (HOT if hot else ""))
+            p99 = "-" if r.p99_ms is None else f"{r.p99_ms:.2f} ms"
+            split = data.wait_split(frame, r)
+            cells = [label, num(r.waits_per_s), num(r.wait_ms_per_s), p99, fit(split, width)]
+            yield f"{r.name}|", (r.name, "", split), cells
+            for s in r.sites:
+                hot = data.lock_hotspot("", s.site)
+                label = Text("  └ " + s.site, HOT if hot else "")
+                cells = [label, num(s.waits_per_s), num(s.wait_ms_per_s), "", ""]
+                yield f"{r.name}|{s.site}", (r.name, s.site, ""), cells
 
 
 # ---- Cache lines ------------------------------------------------------------------
@@ -378,7 +380,6 @@ class LinesPanel(Panel):
         for r in data.line_rows(frame):
             if not matches(needle, (r.site, r.hotspot)):
                 continue
-            share = r.transfers_per_s / r.updates_per_s if r.updates_per_s else 0.0
             site = Text(("★ " if r.hotspot else "  ") + r.site, HOT if r.hotspot and r.writers != 1 else "")
             out.append(
                 (
@@ -389,8 +390,8 @@ class LinesPanel(Panel):
                         f"{r.cycles_mean:.0f}",
                         str(r.cycles_p99),
                         num(r.transfers_per_s),
-                        pct(share),
-                        pct(r.cross_share),
+                        pct(r.transfer_share),
+                        pct(r.cross_socket_share),
                         str(r.writers),
                     ],
                 )
@@ -489,10 +490,12 @@ class ThreadsPanel(TablePanel):
 
     def rows(self, frame: Frame) -> Iterable[Row]:
         for r in data.thread_rows(frame):
-            top = fit(r.top_function, max(12, self.app.size.width - 64))
-            shares = [pct(r.cpu), r.sockets, pct(r.lock_wait), pct(r.offcpu)]
-            cells = [r.tid, r.name, *shares, top, r.stack_quality]
-            yield r.tid, (r.tid, r.name, r.top_function), cells
+            function = data.top_function(r)
+            top = fit(function, max(12, self.app.size.width - 64))
+            sockets = ",".join(s for s, n in sorted(r.sockets.items()) if n > 0) or "-"
+            shares = [pct(r.cpu_share), sockets, pct(r.lock_wait_share), pct(r.offcpu_share)]
+            cells = [r.tid, r.name, *shares, top, data.stack_quality(r.stack_quality)]
+            yield r.tid, (r.tid, r.name, function), cells
 
 
 # ---- Requests ---------------------------------------------------------------------

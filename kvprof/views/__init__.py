@@ -1,1 +1,1 @@
-"""What a person reads: the report text and the Prometheus exporter (the live view is kvprof.tui)."""
+"""What a person reads: the report text and the metrics the exporter serves (the live view is kvprof.tui)."""

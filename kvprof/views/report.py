@@ -12,27 +12,23 @@ from __future__ import annotations
 import textwrap
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from kvprof.analysis.findings import find, rank_key, summary
-from kvprof.analysis.hotspots import is_kernel, match_function, normalize
+from kvprof.analysis.hotspots import is_kernel, normalize
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
-from kvprof.analysis.tables import (
-    LINE_PROBE,
-    by_transfers,
-    by_wait,
-    cachelines,
-    cpu_share,
-    functions,
-    locks,
-    requests,
-    sample_rate,
-    seconds,
-    socket_matrix,
-    threads,
+from kvprof.analysis.rows import (
+    FunctionRow,
+    ThreadRow,
+    function_rows,
+    line_rows,
+    lock_rows,
+    request_rows,
+    thread_rows,
 )
+from kvprof.analysis.tables import LINE_PROBE, sample_rate, socket_matrix
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
@@ -47,62 +43,6 @@ COUNTER_ADVICE = {
 }
 
 
-# ---- tables (data) ----------------------------------------------------------
-
-
-@dataclass
-class FunctionRow:
-    function: str
-    self_samples: int
-    total_samples: int
-    self_share: float
-    total_share: float
-    hotspot: str
-
-
-@dataclass
-class LockRow:
-    name: str
-    waits: int
-    waits_per_s: float
-    wait_ms_per_s: float
-    max_ms: float | None  # None for a futex: its waits are summed in the kernel, not kept one by one
-    threads: int
-    call_site: str
-
-
-@dataclass
-class LineRow:
-    site: str
-    line: str
-    samples: int
-    updates_per_s: float
-    transfers_per_s: float
-    cross_socket_share: float
-    cycles_mean: float
-    writers: int
-
-
-@dataclass
-class ThreadRow:
-    tid: str
-    name: str
-    samples: int
-    cpu_share: float  # of one CPU over the window
-    sockets: str
-    lock_wait_ms: float
-    offcpu_ms: float
-    stack_quality: float | None
-
-
-@dataclass
-class RequestRow:
-    opcode: str
-    count: int
-    p50_us: float
-    p99_us: float
-
-
 def findings_of(profile: Profile) -> list[Finding]:
     """The profile's findings, computed now when the recording did not store any."""
     if profile.findings:
@@ -112,76 +52,12 @@ def findings_of(profile: Profile) -> list[Finding]:
 
 def top_functions(profile: Profile, n: int) -> list[FunctionRow]:
     """Functions by self samples (the leaf), with their total (anywhere on the stack)."""
-    fn = functions(profile)
-    total = fn.samples
-    rows = [
-        FunctionRow(
-            function=f,
-            self_samples=fn.self_samples.get(f, 0),
-            total_samples=incl,
-            self_share=fn.self_samples.get(f, 0) / total if total else 0.0,
-            total_share=incl / total if total else 0.0,
-            hotspot=(h.id if (h := match_function(f)) else ""),
-        )
-        for f, incl in fn.total_samples.items()
-    ]
-    rows.sort(key=lambda r: (-r.self_samples, -r.total_samples, r.function))
+    rows = function_rows(profile)
     by_self = rows[:n]
     # functions that are never a leaf but carry much of the time (callers of hot code)
     by_total = sorted(rows, key=lambda r: (-r.total_samples, r.function))
     extra = [r for r in by_total[:n] if r not in by_self and r.self_samples == 0][: max(n // 3, 1)]
     return by_self + extra
-
-
-def lock_rows(profile: Profile) -> list[LockRow]:
-    """One row per lock name or futex, most waiting first."""
-    dur = seconds(profile)
-    return [
-        LockRow(
-            name=lk.name,
-            waits=lk.waits,
-            waits_per_s=lk.waits / dur,
-            wait_ms_per_s=lk.wait_ns / 1e6 / dur,
-            max_ms=None if lk.max_ns is None else lk.max_ns / 1e6,
-            threads=len(lk.by_thread),
-            call_site=lk.sites[0][0] if lk.sites else "",
-        )
-        for lk in by_wait(locks(profile))
-    ]
-
-
-def line_rows(profile: Profile) -> list[LineRow]:
-    """One row per (site, cache line), most transfers first; rates scaled by the sample rate."""
-    dur = seconds(profile)
-    return [
-        LineRow(
-            site=cl.site,
-            line=f"{cl.line:#x}",
-            samples=cl.samples,
-            updates_per_s=cl.updates / dur,
-            transfers_per_s=cl.transfers / dur,
-            cross_socket_share=cl.cross_socket / cl.transfers if cl.transfers else 0.0,
-            cycles_mean=cl.cycles_mean,
-            writers=cl.writers,
-        )
-        for cl in by_transfers(cachelines(profile))
-    ]
-
-
-def thread_rows(profile: Profile) -> list[ThreadRow]:
-    """Every thread, busiest first."""
-    rows = []
-    for th in threads(profile):
-        share = cpu_share(profile, th.samples)
-        sockets = ",".join(f"{s}:{n}" for s, n in sorted(th.sockets.items()))
-        lock_ms, off_ms = th.lock_wait_ns / 1e6, th.offcpu_ns / 1e6
-        rows.append(ThreadRow(th.tid, th.name, th.samples, share, sockets, lock_ms, off_ms, th.stack_quality))
-    return rows
-
-
-def request_rows(profile: Profile) -> list[RequestRow]:
-    """Requests per opcode, most frequent first."""
-    return [RequestRow(r.opcode, r.samples, r.p50_ns / 1e3, r.p99_ns / 1e3) for r in requests(profile)]
 
 
 def collector_states(profile: Profile) -> dict[str, str]:
@@ -234,16 +110,54 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
         "tables": {
             "functions": [asdict(r) for r in top_functions(profile, top)],
-            "locks": [asdict(r) for r in lock_rows(profile)],
-            "cachelines": [asdict(r) for r in line_rows(profile)],
+            "locks": [_fields("locks", r) for r in lock_rows(profile)],
+            "cachelines": [_fields("cachelines", r, line=f"{r.line:#x}") for r in line_rows(profile)],
             "sampled_lines": [line_row(sl) for sl in line_table(profile)],
             "sampled_unattributed": dict(profile.addresses.unattributed),
             "socket_matrix": socket_matrix(profile),
-            "threads": [asdict(r) for r in thread_rows(profile)],
-            "requests": [asdict(r) for r in request_rows(profile)],
+            "threads": [_fields("threads", r, sockets=_sockets(r)) for r in thread_rows(profile)],
+            # "count": the requests sampled, as the text's REQUESTS (sampled) shows
+            "requests": [_fields("requests", r, count=r.samples) for r in request_rows(profile)],
         },
         **({"own_cost": asdict(cost)} if (cost := own_cost(profile)) is not None else {}),
     }
+
+
+# the fields of each table's rows that --json has (docs/report.md), in its order
+JSON_FIELDS = {
+    "locks": ("name", "waits", "waits_per_s", "wait_ms_per_s", "max_ms", "threads", "call_site"),
+    "cachelines": (
+        "site",
+        "line",
+        "samples",
+        "updates_per_s",
+        "transfers_per_s",
+        "cross_socket_share",
+        "cycles_mean",
+        "writers",
+    ),
+    "threads": (
+        "tid",
+        "name",
+        "samples",
+        "cpu_share",
+        "sockets",
+        "lock_wait_ms",
+        "offcpu_ms",
+        "stack_quality",
+    ),
+    "requests": ("opcode", "count", "p50_us", "p99_us"),
+}
+
+
+def _fields(table: str, row: Any, **shown: Any) -> dict[str, Any]:
+    """A row as --json has it: JSON_FIELDS[table] of it, `shown` in place of some."""
+    return {k: shown[k] if k in shown else getattr(row, k) for k in JSON_FIELDS[table]}
+
+
+def _sockets(r: ThreadRow) -> str:
+    """ "0:120,1:3": on-CPU samples per socket."""
+    return ",".join(f"{s}:{n}" for s, n in sorted(r.sockets.items()))
 
 
 # ---- text ---------------------------------------------------------------------
@@ -399,7 +313,7 @@ def _sampled_lines(profile: Profile, top: int) -> list[str]:
         return out
     out.append(f"{'data symbol':<24}{'samples':>8}{'CPU %':>7}{'thr':>4}  {'kind':<14}function")
     for sl in lines[: max(top, 1)]:
-        funcs = ", ".join(sorted(sl.functions, key=lambda f: -sl.functions[f]))
+        funcs = ", ".join(sl.ranked_functions)
         out.append(
             f"{_fit(sl.symbol, 23):<24}{sl.samples:>8}{sl.share * 100:7.1f}{sl.writers:>4}  "
             f"{kind(sl):<14}" + _fit(funcs, WIDTH - 57)
@@ -410,16 +324,9 @@ def _sampled_lines(profile: Profile, top: int) -> list[str]:
     return out
 
 
-def render_text(profile: Profile, top: int = 15) -> str:
-    """The whole report as text, every line at most 80 columns."""
-    findings = findings_of(profile)
-    sockets = {p.get("socket", 0) for p in profile.host.topology.values()}
-    matrix = socket_matrix(profile)
-    many_sockets = len(sockets) > 1 or len(matrix) > 1
-    out = _header(profile)
-
+def _findings_section(findings: list[Finding], many_sockets: bool) -> list[str]:
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("critical", "warning", "info")}
-    out += _section(
+    out = _section(
         f"FINDINGS: {counts['critical']} critical, {counts['warning']} warning, "
         f"{counts['info']} info (most costly first)"
     )
@@ -432,98 +339,123 @@ def render_text(profile: Profile, top: int = 15) -> str:
         out += _finding_lines(i, f, many_sockets)
     if any(f.severity == "info" for f in findings):
         out.append("(info findings are shown short; --json has every field)")
+    return out
 
+
+def _functions_section(profile: Profile, top: int) -> list[str]:
     total = sum(s.count for s in profile.oncpu)
     funcs = top_functions(profile, top)
-    out += _section(f"TOP FUNCTIONS ({total:,} on-CPU samples)")
-    if funcs:
-        out.append(f"{'self %':>7} {'total %':>8}  function")
-        for r in funcs:
-            name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
-            mark = " *" if r.hotspot else ""
-            out.append(
-                f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19)
-            )
-        if any(r.hotspot for r in funcs):
-            out.append("  * a known contention spot (see FINDINGS)")
-    else:
-        out.append("no on-CPU samples")
+    out = _section(f"TOP FUNCTIONS ({total:,} on-CPU samples)")
+    if not funcs:
+        return [*out, "no on-CPU samples"]
+    out.append(f"{'self %':>7} {'total %':>8}  function")
+    for r in funcs:
+        name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
+        mark = " *" if r.hotspot else ""
+        out.append(f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19))
+    if any(r.hotspot for r in funcs):
+        out.append("  * a known contention spot (see FINDINGS)")
+    return out
 
+
+def _locks_section(profile: Profile) -> list[str]:
     locks = lock_rows(profile)
-    out += _section("LOCKS (contended acquisitions only)")
-    if locks:
-        out.append(f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site")
-        for lr in locks:
-            out.append(
-                f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
-                f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  "
-                + _fit(lr.call_site, WIDTH - 51)
-            )
-    else:
-        out.append("no contended lock")
+    out = _section("LOCKS (contended acquisitions only)")
+    if not locks:
+        return [*out, "no contended lock"]
+    out.append(f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site")
+    for lr in locks:
+        out.append(
+            f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
+            f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  "
+            + _fit(lr.call_site, WIDTH - 51)
+        )
+    return out
 
+
+def _lines_section(profile: Profile, top: int, matrix: list[list[float]], many_sockets: bool) -> list[str]:
     lrows = line_rows(profile)
     rate = sample_rate(profile, LINE_PROBE)
-    out += _section("CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""))
-    if lrows:
+    out = _section("CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""))
+    if not lrows:
+        return [*out, "no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)"]
+    out.append(
+        f"{'site':<17}{'line':>15}{'updates/s':>12}{'transfers/s':>12}{'cross%':>7}{'cycles':>8}{'thr':>5}"
+    )
+    for cr in lrows[: max(top, 1)]:
         out.append(
-            f"{'site':<17}{'line':>15}{'updates/s':>12}{'transfers/s':>12}{'cross%':>7}{'cycles':>8}{'thr':>5}"
+            f"{_fit(cr.site, 16):<17}{_fit(f'{cr.line:#x}', 14):>15}{_n(cr.updates_per_s):>12}"
+            f"{_n(cr.transfers_per_s):>12}{cr.cross_socket_share * 100:7.1f}{cr.cycles_mean:8.0f}"
+            f"{cr.writers:>5}"
         )
-        for cr in lrows[: max(top, 1)]:
-            out.append(
-                f"{_fit(cr.site, 16):<17}{_fit(cr.line, 14):>15}{_n(cr.updates_per_s):>12}"
-                f"{_n(cr.transfers_per_s):>12}{cr.cross_socket_share * 100:7.1f}{cr.cycles_mean:8.0f}"
-                f"{cr.writers:>5}"
-            )
-        if len(lrows) > top:
-            out.append(f"... and {len(lrows) - top} more lines")
-        if many_sockets and matrix:
-            out.append("")
-            out.append("transfers/s, from socket (row) to socket (column):")
-            out.append("      " + "".join(f"{j:>12}" for j in range(len(matrix))))
-            for i, row in enumerate(matrix):
-                out.append(f"{i:>6}" + "".join(f"{_n(v):>12}" for v in row))
-    else:
-        out.append("no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)")
+    if len(lrows) > top:
+        out.append(f"... and {len(lrows) - top} more lines")
+    if many_sockets and matrix:
+        out.append("")
+        out.append("transfers/s, from socket (row) to socket (column):")
+        out.append("      " + "".join(f"{j:>12}" for j in range(len(matrix))))
+        for i, row in enumerate(matrix):
+            out.append(f"{i:>6}" + "".join(f"{_n(v):>12}" for v in row))
+    return out
 
-    out += _sampled_lines(profile, top)
 
+def _threads_section(profile: Profile) -> list[str]:
     trows = thread_rows(profile)
-    out += _section("THREADS")
-    if trows:
+    out = _section("THREADS")
+    if not trows:
+        return [*out, "no thread data"]
+    out.append(
+        f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}"
+        f"{'offcpu ms':>10}{'stk ok':>7}"
+    )
+    for th in trows:
+        q = "-" if th.stack_quality is None else f"{(1 - th.stack_quality) * 100:.0f}%"
         out.append(
-            f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}"
-            f"{'offcpu ms':>10}{'stk ok':>7}"
+            f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
+            f"{_fit(_sockets(th) or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
         )
-        for th in trows:
-            q = "-" if th.stack_quality is None else f"{(1 - th.stack_quality) * 100:.0f}%"
-            out.append(
-                f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
-                f"{_fit(th.sockets or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
-            )
-        out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
-        stops: dict[str, int] = defaultdict(int)
-        for info in profile.threads.values():
-            for why, n in info.stack_stops.items():
-                stops[why] += n
-        if stops:
-            out.append(
-                "  stopped early: "
-                + ", ".join(f"{why} {n}" for why, n in sorted(stops.items(), key=lambda kv: -kv[1]))
-            )
-    else:
-        out.append("no thread data")
+    out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
+    stops: dict[str, int] = defaultdict(int)
+    for info in profile.threads.values():
+        for why, n in info.stack_stops.items():
+            stops[why] += n
+    if stops:
+        out.append(
+            "  stopped early: "
+            + ", ".join(f"{why} {n}" for why, n in sorted(stops.items(), key=lambda kv: -kv[1]))
+        )
+    return out
 
+
+def _requests_section(profile: Profile) -> list[str]:
     rrows = request_rows(profile)
-    if rrows or profile.target.kvs_probes:
-        out += _section("REQUESTS (sampled)")
-        if rrows:
-            out.append(f"{'opcode':<12}{'count':>12}{'p50 µs':>12}{'p99 µs':>12}")
-            for rq in rrows:
-                out.append(f"{_fit(rq.opcode, 11):<12}{rq.count:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}")
-        else:
-            out.append("no requests sampled")
-    out += _own_cost_lines(profile)
+    if not rrows and not profile.target.kvs_probes:
+        return []
+    out = _section("REQUESTS (sampled)")
+    if not rrows:
+        return [*out, "no requests sampled"]
+    out.append(f"{'opcode':<12}{'count':>12}{'p50 µs':>12}{'p99 µs':>12}")
+    for rq in rrows:
+        out.append(f"{_fit(rq.opcode, 11):<12}{rq.samples:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}")
+    return out
+
+
+def render_text(profile: Profile, top: int = 15) -> str:
+    """The whole report as text, every line at most 80 columns."""
+    sockets = {p.get("socket", 0) for p in profile.host.topology.values()}
+    matrix = socket_matrix(profile)
+    many_sockets = len(sockets) > 1 or len(matrix) > 1
+    out = [
+        *_header(profile),
+        *_findings_section(findings_of(profile), many_sockets),
+        *_functions_section(profile, top),
+        *_locks_section(profile),
+        *_lines_section(profile, top, matrix, many_sockets),
+        *_sampled_lines(profile, top),
+        *_threads_section(profile),
+        *_requests_section(profile),
+        *_own_cost_lines(profile),
+    ]
     return "\n".join(line.rstrip() for line in out) + "\n"
 
 

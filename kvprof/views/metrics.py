@@ -1,9 +1,14 @@
-"""`kvprof exporter`: a live session's counters for Prometheus.
+"""What `kvprof exporter` serves: a session's counters as Prometheus metric families.
 
-One process attaches kvprof's collectors to one target, serves `/metrics`
-on loopback (unless told otherwise) and reads the session when scraped.
-Every counter counts from the moment the collectors attached; they only go
-up, so `rate()` and `increase()` work on them as on any exporter's.
+`profile_metrics(profile, labeler)` maps a cumulative Profile (the session
+since its collectors attached) to metric families, and
+`target_metrics(stats, families)` the target's own `stats`; neither reads
+anything but its arguments (the labeler keeps the labels steady from one
+scrape to the next and is handed the threads' CPUs by its caller). Serving
+them over HTTP is
+kvprof/commands/exporter.py's. Every counter counts from the moment the
+collectors attached; they only go up, so `rate()` and `increase()` work on
+them as on any exporter's.
 
 Labels:
 
@@ -26,17 +31,9 @@ series and threads x locks (or sites) for the others.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import sys
-import threading
-import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from types import FrameType
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -44,16 +41,12 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import CollectorRegistry
 
 from kvprof.analysis.lines import LINE, line_table
-from kvprof.analysis.tables import functions, locks
+from kvprof.analysis.tables import functions, locks, transfers_matrix
 from kvprof.model.histogram import hist_sum_estimate
-from kvprof.model.profile import Profile
+from kvprof.model.profile import CacheLineStat, Profile
 from kvprof.model.topology import Topology
-
-if TYPE_CHECKING:
-    from kvprof.collect.session import Session
 
 NS = "kvprof"
 OTHER = "other"
@@ -66,28 +59,6 @@ DROPPED = ("map_full", "start_full", "stack_errors", "user_stack_errors", "kerne
 EVENTS = ("events", "samples", "switches", "futex_waits")
 _OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")
 _METRIC_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-
-
-@dataclass
-class ExporterOptions:
-    pid: int
-    listen: str = "127.0.0.1:9464"
-    hz: int = 49
-    collectors: tuple[str, ...] = ()
-    top: int = 20  # functions with series of their own
-    max_labels: int = 64  # threads, locks, sites: the rest are `other`
-    min_interval: float = 1.0  # scrapes closer than this share one reading of the maps
-    offcpu_sample: int = 64
-    quiet: bool = False
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (loopback) -> (host, port); ValueError when malformed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
 
 
 # ---- bounded labels ---------------------------------------------------------------------------
@@ -271,7 +242,11 @@ METRICS: dict[str, tuple[str, str, T]] = {
 }
 
 
-_FAMILIES: dict[str, type[Metric]] = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+# a METRICS type -> its family class (anything else is a histogram)
+_FAMILIES: dict[str, type[CounterMetricFamily] | type[GaugeMetricFamily]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+}
 
 
 class Families:
@@ -285,9 +260,7 @@ class Families:
         fam = self.families.get(name)
         if fam is None:
             kind, doc, labels = METRICS.get(name, (kind, doc, labels))
-            cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}.get(
-                kind, HistogramMetricFamily
-            )
+            cls = _FAMILIES.get(kind, HistogramMetricFamily)
             fam = self.families[name] = cls(f"{NS}_{name}", doc, labels=list(labels))
         return fam
 
@@ -307,13 +280,25 @@ class Families:
         fam.add_metric(list(labels), _buckets(hist_log2_ns), _seconds(sum_ns))
 
 
+def no_cpus() -> dict[int, int]:
+    return {}
+
+
 class Labeler:
     """Everything that must stay the same across scrapes: the label of each thread,
-    lock, site and function. One per exporter."""
+    lock, site and function. One per exporter. `thread_cpus()` says the CPU each of the
+    target's threads is on now (kvprof.collect.thread_sockets for a live target); a
+    thread it does not name takes the socket it has most samples on."""
 
-    def __init__(self, pid: int, topology: Topology, top: int = 20, max_labels: int = 64) -> None:
-        self.pid = pid
+    def __init__(
+        self,
+        topology: Topology,
+        top: int = 20,
+        max_labels: int = 64,
+        thread_cpus: Callable[[], dict[int, int]] = no_cpus,
+    ) -> None:
         self.topology = topology
+        self.thread_cpus = thread_cpus
         self.threads = Capped(max_labels)
         self.locks = Capped(max_labels)
         self.sites = Capped(max_labels)
@@ -323,8 +308,6 @@ class Labeler:
         self.names: dict[str, str] = {}  # tid -> name, pinned when first seen
 
     def see_threads(self, profile: Profile) -> None:
-        from kvprof.collect.thread_sockets import thread_cpus
-
         activity = {
             tid: info.cpu_samples + info.offcpu_ns // 1_000_000 + info.lock_wait_ns // 1_000_000
             for tid, info in profile.threads.items()
@@ -332,7 +315,7 @@ class Labeler:
         new = [tid for tid in activity if tid not in self.sockets]
         if not new:
             return
-        cpus = thread_cpus(self.pid)
+        cpus = self.thread_cpus()
         for tid in new:
             info = profile.threads[tid]
             socket = UNKNOWN
@@ -447,20 +430,24 @@ def _cachelines(profile: Profile, lab: Labeler, fam: Families) -> None:
     samples: Counter[T] = Counter()
     transfers: Counter[T] = Counter()
     cross: Counter[T] = Counter()
-    matrix: Counter[T] = Counter()
     cycles: Counter[T] = Counter()  # site -> sum of cycles
     counted: Counter[T] = Counter()  # site -> samples
+    by_label: dict[str, list[CacheLineStat]] = {}
     for c in profile.cachelines:
         site = lab.sites.label(c.site)
+        by_label.setdefault(site, []).append(c)
         cross[(site,)] += c.cross_socket_transfers
         cycles[(site,)] += round(c.cycles_mean * c.samples)
         counted[(site,)] += c.samples
-        for src, row in enumerate(c.socket_matrix):
-            for dst, n in enumerate(row):
-                matrix[(site, str(src), str(dst))] += n
         for tid, lt in c.by_thread.items():
             samples[(site, *lab.thread(tid))] += lt.samples
             transfers[(site, *lab.thread(tid))] += lt.transfers
+    matrix: dict[T, float] = {
+        (site, str(src), str(dst)): n
+        for site, lines in by_label.items()
+        for src, row in enumerate(transfers_matrix(lines))
+        for dst, n in enumerate(row)
+    }
     fam.add("cacheline_samples_total", samples)
     fam.add("cacheline_transfers_total", transfers)
     fam.add("cacheline_cross_socket_transfers_total", cross)
@@ -531,139 +518,3 @@ def target_metrics(stats: dict[str, dict[str, str]], fam: Families) -> None:
         except ValueError:
             continue
         fam.histogram("target_request_duration_seconds", (opcode,), hist, sum_ns)
-
-
-# ---- the live part ----------------------------------------------------------------------------
-
-
-class SessionCollector:
-    """A prometheus_client collector over a live Session: reads it when scraped
-    (at most once per `min_interval`; concurrent scrapes share the reading)."""
-
-    def __init__(self, opts: ExporterOptions, session: Session) -> None:
-        self.opts = opts
-        self.session = session
-        self.labeler = Labeler(opts.pid, session.opts.topology, opts.top, opts.max_labels)
-        self.attached = False  # set once the session has started its window
-        self.states: dict[str, str] = dict.fromkeys(session.names, "attaching")  # until then
-        self._lock = threading.Lock()
-        self._cache: tuple[float, list[Metric]] | None = None
-        self.scrapes = 0
-        self.closed = False
-
-    def on_state(self, name: str, state: str) -> None:
-        """The session's progress while it attaches (Session.start's on_state)."""
-        self.states[name] = state
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            now = time.monotonic()
-            if self._cache is None or now - self._cache[0] >= self.opts.min_interval:
-                self._cache = (now, self._read())
-            self.scrapes += 1
-            metrics = self._cache[1]
-        yield from metrics
-
-    def _read(self) -> list[Metric]:
-        from kvprof.collect.session import alive
-
-        began = time.monotonic()
-        if not self.attached or self.closed:
-            fam = Families()
-            fam.add("collector_up", {(name,): 0.0 for name in self.states})
-        else:
-            fam = profile_metrics(self.session.snapshot(), self.labeler)
-            fam.add("session_start_time_seconds", self.session.started_at)
-        fam.add("target_up", float(alive(self.opts.pid)))
-        target_metrics(self.session.stats(("", "locks", "timings")), fam)
-        fam.add("scrape_read_seconds", time.monotonic() - began)
-        return list(fam.families.values())
-
-    def close(self) -> None:
-        """Detach; a scrape in flight finishes first."""
-        with self._lock:
-            self.closed = True
-            self.session.close()
-
-
-def _say(opts: ExporterOptions, line: str) -> None:
-    if not opts.quiet:
-        print(line, file=sys.stderr, flush=True)
-
-
-def run(opts: ExporterOptions) -> int:
-    """Serves until SIGTERM, Ctrl-C or the target's exit; returns the exit status."""
-    from prometheus_client import start_http_server
-
-    from kvprof.collect import CollectError, CollectOptions
-    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone, alive
-
-    def fail(message: str) -> int:
-        print(f"kvprof exporter: {message}", file=sys.stderr)
-        return 2
-
-    try:
-        host, port = parse_listen(opts.listen)
-    except ValueError as e:
-        return fail(str(e))
-    try:  # py-spy and perf are record's: the exporter reads BPF's counters at every scrape
-        session = Session(
-            opts.pid,
-            opts.collectors or ALL_COLLECTORS,
-            CollectOptions(hz=opts.hz, offcpu_sample=opts.offcpu_sample, python=False),
-        )
-    except TargetGone as e:
-        return fail(str(e))
-    except PermissionError:
-        return fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
-    if os.geteuid() != 0:
-        return fail("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
-    target = session.target
-    collector = SessionCollector(opts, session)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    try:  # before attaching, so a busy port is said at once and not after a compile
-        server, thread = start_http_server(port, host, registry)
-    except OSError as e:
-        why = "is in use" if e.errno == 98 else f"cannot be bound ({e.strerror or e})"
-        return fail(f"{host}:{port} {why}: choose another with --listen HOST:PORT")
-
-    stop = threading.Event()
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    status = 0
-    try:
-        n = len(session.names)
-        _say(opts, f"Attaching to {target.comm} PID {target.pid} ({n} collectors, compiling BPF)...")
-        session.start(on_state=collector.on_state)
-        collector.attached = True
-        attached = [n for n, s in session.status.collectors.items() if s == "ok"]
-        _say(
-            opts,
-            f"Serving http://{host if ':' not in host else f'[{host}]'}:{port}/metrics for {target.comm} "
-            f"PID {target.pid} ({', '.join(attached)}); SIGTERM or Ctrl-C detaches",
-        )
-        for name, state in session.status.collectors.items():
-            if state != "ok":
-                _say(opts, f"  {name}: {state}")
-        while not stop.wait(0.5):
-            if not alive(opts.pid):
-                _say(opts, f"kvprof exporter: the target (PID {opts.pid}) exited; detaching")
-                status = 1
-                break
-    except KeyboardInterrupt:
-        _say(opts, "kvprof exporter: detaching")
-    except (CollectError, TargetGone) as e:  # no collector attached, or the target left meanwhile
-        status = fail(str(e))
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-        collector.close()
-        signal.signal(signal.SIGTERM, old_term)
-    if status == 0:
-        _say(opts, f"kvprof exporter: detached after {collector.scrapes} scrapes")
-    return status

@@ -1,0 +1,48 @@
+"""Findings: the hotspot catalog joined with a profile's measurements.
+
+`find(profile)` returns the findings ranked most costly first: by severity,
+then by the estimated cost `cost["est_s_per_s"]`, the thread-seconds a
+second of recording that the spot costs (CPU seconds on a hot function,
+seconds spent waiting on a lock or futex, or cache-line transfers times the
+time one transfer takes). The severity thresholds are in `Thresholds`; they
+are documented in docs/report.md.
+
+One module per category, each a function from the window's `Context` to
+its findings: `locks` (kvs lock probes), `sites` (cache lines of the kvs
+atomic probe), `cpu` (catalog functions and hot leaves), `offcpu` (futexes
+and blocking waits); the cache lines from sampled registers are
+kvprof.analysis.lines'. `common` has the thresholds and what every rule
+shares, `summary` the one or two sentences of "how much".
+
+Sampled probes are scaled back: `kvs:atomic__sample` fires for 1 update in
+N (`profile.status.sample_rates["atomic__sample"]`, kvcached's
+--probe-sample), so its samples and transfers are multiplied by N, and the
+finding says so. Lock probes fire on every contended acquisition and are not
+scaled unless a rate is recorded for them.
+"""
+
+from __future__ import annotations
+
+from kvprof.analysis.findings.common import THRESHOLDS, Context, Thresholds, rank_key
+from kvprof.analysis.findings.cpu import cpu_findings, fold_cpu
+from kvprof.analysis.findings.locks import lock_findings
+from kvprof.analysis.findings.offcpu import offcpu_findings
+from kvprof.analysis.findings.sites import site_findings
+from kvprof.analysis.findings.summary import summary
+from kvprof.analysis.lines import line_findings
+from kvprof.model.profile import Finding, Profile
+
+__all__ = ["THRESHOLDS", "Thresholds", "find", "rank_key", "summary"]
+
+
+def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]:
+    """Every finding for `profile`, most costly first."""
+    c = Context(profile, thresholds)
+    findings = [
+        *lock_findings(c),
+        *site_findings(c),
+        *line_findings(profile, skip_functions={cl.site for cl in profile.cachelines}),
+        *cpu_findings(c),
+        *offcpu_findings(c),
+    ]
+    return sorted(fold_cpu(c, findings), key=rank_key)
