@@ -17,8 +17,10 @@ shares, `summary` the one or two sentences of "how much".
 Sampled probes are scaled back: `kvs:atomic__sample` fires for 1 update in
 N (`profile.status.sample_rates["atomic__sample"]`, kvcached's
 --probe-sample), so its samples and transfers are multiplied by N, and the
-finding says so. Lock probes fire on every contended acquisition and are not
-scaled unless a rate is recorded for them.
+finding says so. The lock probe says how many waits each event stands for,
+and the locks program counts it that many times. A finding whose collector
+cost the target more than a tenth of what it reports is flagged
+(`probe_effect`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kvprof.analysis.findings.common import THRESHOLDS, Context, Thresholds, ran
 from kvprof.analysis.findings.cpu import cpu_findings, fold_cpu
 from kvprof.analysis.findings.locks import lock_findings
 from kvprof.analysis.findings.offcpu import offcpu_findings
+from kvprof.analysis.findings.probe_effect import flag_probe_effect
 from kvprof.analysis.findings.sites import site_findings
 from kvprof.analysis.findings.summary import summary
 from kvprof.analysis.lines import line_findings
@@ -45,4 +48,4 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
         *cpu_findings(c),
         *offcpu_findings(c),
     ]
-    return sorted(fold_cpu(c, findings), key=rank_key)
+    return sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key)
