@@ -64,7 +64,8 @@ def head(app: TopApp) -> str:
 
 
 def test_view_7_draws_the_root_to_leaf_path(tmp_path: Path) -> None:
-    """Key 7 shows the icicle: worker_main above process_commands, update_topkeys drawn, focus on the graph."""
+    """Key 7 shows the icicle: worker_main above process_commands, update_topkeys drawn,
+    the graph focused."""
     app = replay(tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
@@ -205,40 +206,25 @@ def test_diff_against_a_baseline(tmp_path: Path) -> None:
     drive(app, script, (132, 40))
 
 
-class GrowingSource:
+class GrowingSource(ReplaySource):
     """A live-like target: one interval more of the fixture's stacks at every poll."""
 
     live = True
-    title = "kvcached PID 4242"
-    command = "kvcached -t 2"
-    label = "live"
-    pid = 4242
 
     def __init__(self) -> None:
-        self.one = ReplaySource(FIXTURE).profile
+        super().__init__(FIXTURE)
+        self.label = "live"
         self.polls = 0
-
-    def start(self) -> None:
-        pass
 
     def poll(self) -> list[Sample]:
         self.polls += 1
-        p = copy.deepcopy(self.one)
+        p = copy.deepcopy(self.profile)
         k = self.polls
-        p.window = Window(self.one.window.start, float(k))
-        p.oncpu = [CpuStack(s.tid, s.frames, s.count * k) for s in self.one.oncpu]
+        p.window = Window(self.profile.window.start, float(k))
+        p.oncpu = [CpuStack(s.tid, s.frames, s.count * k) for s in self.profile.oncpu]
         for th in p.threads.values():
             th.cpu_samples *= k
         return [Sample(float(k), p)]
-
-    def close(self) -> None:
-        pass
-
-    def attaching(self) -> bool:
-        return False
-
-    def wait_change(self, timeout: float) -> None:
-        pass
 
 
 def test_diff_against_the_previous_window(tmp_path: Path) -> None:
