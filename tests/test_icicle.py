@@ -15,7 +15,16 @@ import pytest
 from support import kvprof
 
 from kvprof.export.frames import APP, HOTSPOT
-from kvprof.export.icicle import EDGE, Icicle, label, layout, matched, row_pieces, text_rows
+from kvprof.export.icicle import (
+    EDGE,
+    Icicle,
+    hotspot_note,
+    label,
+    layout,
+    matched,
+    row_pieces,
+    text_rows,
+)
 from kvprof.export.tree import Flame
 from kvprof.model.profile import Profile
 from kvprof.views.flame import render_text
@@ -103,6 +112,15 @@ def test_labels_fit_their_columns() -> None:
     topkeys = next(s for s in ic.spans() if s.name == "update_topkeys")
     assert label(topkeys, plain) == EDGE + "★upda…"
     assert text_rows(ic, plain)[3] == EDGE + "─" + EDGE + "process_commands────"
+
+
+def test_hotspot_line_names_the_marked_frames_too_narrow_to_read() -> None:
+    """Under the graph: every drawn hotspot with its share, however few columns it has."""
+    flame = Flame(FOLDED)
+    ic = layout(flame, 12)
+    assert label(next(s for s in ic.spans() if s.name == "update_topkeys"), plain) == EDGE + "★u…"
+    assert hotspot_note(flame, ic, plain) == "★ update_topkeys 30.0%"
+    assert hotspot_note(Flame({("a", "b"): 1}), layout(Flame({("a", "b"): 1}), 12), plain) == ""
 
 
 def test_match_share_counts_a_stack_once() -> None:

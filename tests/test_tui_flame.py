@@ -77,6 +77,7 @@ def test_view_7_draws_the_root_to_leaf_path(tmp_path: Path) -> None:
         rows = {s.name: len(s.path) for s in ic.spans()}
         assert rows["worker_main"] < rows["process_commands"] < rows["update_topkeys"]
         assert "all  211 samples, 100% of the total" in status(app)
+        assert str(app.query_one("#flame-hot").render()).startswith("★ update_topkeys 10.0% · ")
 
     drive(app, script, (80, 24))
 

@@ -136,6 +136,26 @@ def text_rows(icicle: Icicle, kind: Kind) -> list[str]:
     return ["".join(t for t, _ in row_pieces(row, icicle.width, kind, "─")).rstrip() for row in icicle.rows]
 
 
+def hotspots(flame: Flame, icicle: Icicle, kind: Kind) -> list[tuple[str, int]]:
+    """The drawn frames the hotspot catalog knows, each with the value of the stacks
+    that pass through it (a recursion counted once), the biggest first: what a frame
+    too narrow for its name still tells."""
+    names = {s.name for s in icicle.spans() if s.path and kind(s.name, len(s.path)) == HOTSPOT}
+    cum, out = flame.cum, []
+    for name in names:
+        value = sum(cum[i + 1] - cum[i] for i, stack in enumerate(flame.stacks) if name in stack)
+        out.append((name, value))
+    return sorted(out, key=lambda nv: (-nv[1], nv[0]))
+
+
+def hotspot_note(flame: Flame, icicle: Icicle, kind: Kind) -> str:
+    """`★ update_topkeys 12.3% · collect_timings 2.1%`: the hotspots drawn, with their share."""
+    marked = hotspots(flame, icicle, kind)
+    if not marked or not flame.total:
+        return ""
+    return STAR + " " + " · ".join(f"{name} {value / flame.total:.1%}" for name, value in marked)
+
+
 def matched(flame: Flame, needle: str) -> int:
     """The value under any frame whose name contains `needle` (case-insensitive),
     a match inside a match counted once."""

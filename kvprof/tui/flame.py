@@ -18,6 +18,7 @@ profile given with `top --baseline FILE`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -34,7 +35,7 @@ from textual.strip import Strip
 
 from kvprof.export.diff import change_colour
 from kvprof.export.frames import Classifier
-from kvprof.export.icicle import Icicle, Span, flame_of, layout, matched, row_pieces
+from kvprof.export.icicle import Icicle, Span, flame_of, hotspot_note, layout, matched, row_pieces
 from kvprof.export.stacks import KINDS, TITLES, check_kind
 from kvprof.export.svg import format_value, frame_colour
 from kvprof.export.tree import ROOT, Flame
@@ -253,7 +254,8 @@ class FlamePanel(Panel):
 
     view = "flame"
     DEFAULT_CSS = """
-    #flame-head, #flame-status { text-wrap: nowrap; text-overflow: ellipsis; }
+    #flame-head, #flame-hot, #flame-status { text-wrap: nowrap; text-overflow: ellipsis; }
+    #flame-hot { height: 1; padding: 0 1; color: $warning; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("o", "next_kind", "Kind", show=False),
@@ -273,12 +275,13 @@ class FlamePanel(Panel):
         self.windows: deque[Profile] = deque(maxlen=data.RECENT_SAMPLES + 1)  # recent windows, oldest first
         self._flames: dict[tuple[int, str, str | None], Flame] = {}  # (id(profile), kind, tid) -> Flame
         self._classifier: tuple[tuple[str, int], Classifier] | None = None
-        self._match: tuple[int, str, int] | None = None
+        self._notes: dict[object, tuple[tuple[object, ...], object]] = {}
 
     def compose(self) -> ComposeResult:
         yield Note(id="flame-note", classes="note")
         yield Line(id="flame-head", classes="head")
         yield FlameGraph(id="flame-graph")
+        yield Line(id="flame-hot")
         yield Line(id="flame-status", classes="head")
 
     @property
@@ -345,13 +348,23 @@ class FlamePanel(Panel):
         t.append("   o kind  t thread  d diff  Enter zoom  Esc out", "dim")
         self.query_one("#flame-head", Line).set_text(t)
 
+    def cached(self, key: tuple[object, ...], make: Callable[[], object]) -> object:
+        """One value per key, the last key only: the match share and the hotspot line
+        follow the data, not the refreshes."""
+        hit = self._notes.get(key[0])
+        if hit is None or hit[0] != key:
+            hit = self._notes[key[0]] = (key, make())
+        return hit[1]
+
     def show_status(self) -> None:
         graph = self.graph
-        flame, span = graph.flame, graph.current()
+        flame, span, ic = graph.flame, graph.current(), graph.icicle()
         t = Text(no_wrap=True, overflow="ellipsis")
-        if flame is None or not flame.total:
+        hot = self.query_one("#flame-hot", Line)
+        if flame is None or ic is None or not flame.total:
             t.append(f"no {TITLES[self.kind]} stacks in this window", "dim")
             self.query_one("#flame-status", Line).set_text(t)
+            hot.set_text("")
             return
         unit = check_kind(self.kind)
         if span is not None:
@@ -362,16 +375,18 @@ class FlamePanel(Panel):
             if graph.base is not None and graph.base.total:
                 before = graph.base.value_of(span.path) / graph.base.total
                 t.append(f", was {pct(before)}", "bold")
-            if graph.zoom:
-                ic = graph.icicle()
-                if ic is not None and ic.focus:
-                    t.append(f", {pct(span.value / ic.focus)} of {graph.zoom[-1]}")
+            if graph.zoom and ic.focus:
+                t.append(f", {pct(span.value / ic.focus)} of {graph.zoom[-1]}")
         if self.needle:
-            key = (id(flame), self.needle.lower(), 0)
-            if self._match is None or self._match[:2] != key[:2]:
-                self._match = (id(flame), self.needle.lower(), matched(flame, self.needle))
-            t.append(f"   /{self.needle}/ {pct(self._match[2] / flame.total)} of the total", "bold magenta")
+            needle = self.needle
+            share = self.cached(("match", id(flame), needle.lower()), lambda: matched(flame, needle))
+            assert isinstance(share, int)
+            t.append(f"   /{needle}/ {pct(share / flame.total)} of the total", "bold magenta")
         self.query_one("#flame-status", Line).set_text(t)
+        assert graph.classify is not None
+        kind = graph.classify
+        note = self.cached(("hot", id(flame), id(ic)), lambda: hotspot_note(flame, ic, kind))
+        hot.set_text(str(note))
 
     def on_flame_graph_changed(self, event: FlameGraph.Changed) -> None:
         self.show_status()
