@@ -103,7 +103,7 @@ class FlameGraph(ScrollView, can_focus=True):
         if self.flame is None:
             return None
         width = self.width_now()
-        key = (id(self.flame), width, self.zoom)
+        key = (self.flame, width, self.zoom)  # the object, not its id: ids are reused
         if key != self._key or self._icicle is None:
             self._key = key
             self._icicle = layout(self.flame, width, self.zoom)
@@ -273,7 +273,8 @@ class FlamePanel(Panel):
         self.frame: Frame | None = None
         self.needle = ""
         self.windows: deque[Profile] = deque(maxlen=data.RECENT_SAMPLES + 1)  # recent windows, oldest first
-        self._flames: dict[tuple[int, str, str | None], Flame] = {}  # (id(profile), kind, tid) -> Flame
+        # (id(profile), kind, tid) -> (the profile, kept so that its id is not reused, its Flame)
+        self._flames: dict[tuple[int, str, str | None], tuple[Profile, Flame]] = {}
         self._classifier: tuple[tuple[str, int], Classifier] | None = None
         self._notes: dict[object, tuple[tuple[object, ...], object]] = {}
 
@@ -300,12 +301,13 @@ class FlamePanel(Panel):
 
     def _flame(self, profile: Profile) -> Flame:
         key = (id(profile), self.kind, self.tid)
-        flame = self._flames.get(key)
-        if flame is None:
+        hit = self._flames.get(key)
+        if hit is None:
             live = {id(p) for p in self.windows} | {id(self.baseline)}
             self._flames = {k: v for k, v in self._flames.items() if k[0] in live}  # windows gone go
-            flame = self._flames[key] = flame_of(profile, self.kind, int(self.tid) if self.tid else None)
-        return flame
+            flame = flame_of(profile, self.kind, int(self.tid) if self.tid else None)
+            hit = self._flames[key] = (profile, flame)
+        return hit[1]
 
     def _classify(self, profile: Profile) -> Classifier:
         target = (profile.target.exe, profile.target.pid)  # each window is a new Profile
@@ -379,13 +381,13 @@ class FlamePanel(Panel):
                 t.append(f", {pct(span.value / ic.focus)} of {graph.zoom[-1]}")
         if self.needle:
             needle = self.needle
-            share = self.cached(("match", id(flame), needle.lower()), lambda: matched(flame, needle))
+            share = self.cached(("match", flame, needle.lower()), lambda: matched(flame, needle))
             assert isinstance(share, int)
             t.append(f"   /{needle}/ {pct(share / flame.total)} of the total", "bold magenta")
         self.query_one("#flame-status", Line).set_text(t)
         assert graph.classify is not None
         kind = graph.classify
-        note = self.cached(("hot", id(flame), id(ic)), lambda: hotspot_note(flame, ic, kind))
+        note = self.cached(("hot", flame, ic), lambda: hotspot_note(flame, ic, kind))
         hot.set_text(str(note))
 
     def on_flame_graph_changed(self, event: FlameGraph.Changed) -> None:
