@@ -43,9 +43,10 @@ def drive(app: TopApp, script: Callable[[Pilot[None]], Awaitable[None]], size: t
             tabs = app.query_one(TabbedContent)
             for _ in range(5):  # a key that early can be undone by the start's focus (see test_tui_snapshots)
                 await pilot.press("7")
-                await pilot.pause()
+                await pilot.pause(0.2)
                 if tabs.active == "flame":
                     break
+            assert tabs.active == "flame"
             await script(pilot)
 
     asyncio.run(go())
@@ -245,3 +246,22 @@ def test_diff_against_the_previous_window(tmp_path: Path) -> None:
         assert panel.previous() is panel.windows[0]
 
     drive(app, script, (132, 40))
+
+
+def test_a_refresh_with_the_same_data_lays_nothing_out(tmp_path: Path) -> None:
+    """The same window again keeps the layout; only the rows on screen are ever styled."""
+    app = replay(tmp_path)
+
+    async def script(pilot: Pilot[None]) -> None:
+        graph = app.query_one(FlameGraph)
+        panel = app.query_one(FlamePanel)
+        first = graph.icicle()
+        assert first is not None and app.frame is not None
+        panel.show(app.frame, "")
+        await pilot.pause()
+        assert graph.icicle() is first
+        assert len(first.rows) > graph.size.height  # the fixture's stacks are deeper than the screen
+        assert await until(pilot, lambda: bool(graph._strips))
+        assert max(graph._strips) < graph.size.height
+
+    drive(app, script, (80, 24))

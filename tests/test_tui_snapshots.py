@@ -55,7 +55,7 @@ async def on_flame(pilot: Pilot[None]) -> None:
     tabs = pilot.app.query_one(TabbedContent)
     for _ in range(5):
         await pilot.press("7")
-        await pilot.pause()
+        await pilot.pause(0.2)
         if tabs.active == "flame":
             break
     assert tabs.active == "flame"

@@ -245,7 +245,7 @@ class FlameGraph(ScrollView, can_focus=True):
             self.select(hit.path)
 
     def on_resize(self, event: events.Resize) -> None:
-        self._strips.clear()
+        # the rows follow the width by themselves (icicle()); the status line may not
         self.post_message(self.Changed())
 
 
