@@ -69,6 +69,17 @@ def synthetic(samples: int, stacks: int, seed: int = 1) -> Profile:
     )
 
 
+def announced(samples: int, stacks: int) -> Profile:
+    """synthetic(), and a line that says what it made."""
+    t0 = time.perf_counter()
+    profile = synthetic(samples, stacks)
+    print(
+        f"synthetic profile: {sum(s.count for s in profile.oncpu):,} samples, "
+        f"{len(profile.oncpu):,} distinct stacks (made in {time.perf_counter() - t0:.1f} s)"
+    )
+    return profile
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=1_000_000)
@@ -78,12 +89,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="also write the SVG here")
     args = ap.parse_args()
 
-    t0 = time.perf_counter()
-    profile = synthetic(args.samples, args.stacks)
-    print(
-        f"synthetic profile: {sum(s.count for s in profile.oncpu):,} samples, "
-        f"{len(profile.oncpu):,} distinct stacks (made in {time.perf_counter() - t0:.1f} s)"
-    )
+    profile = announced(args.samples, args.stacks)
     opts = Options() if args.min_width is None else Options(min_width=args.min_width)
     times = []
     with tempfile.TemporaryDirectory() as tmp:

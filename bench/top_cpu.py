@@ -11,7 +11,10 @@ and while it watched (one pair: a rough figure; bench/overhead.py is the
 careful measure of what the collectors cost; `bench/overhead.py --watch
 top` measures top itself that way).
 
-    sudo .venv/bin/python bench/top_cpu.py [--seconds 30] [--interval 1]
+With `--view N` it presses N once everything is attached, so the view
+measured is that one (7: the Flame view), not Overview.
+
+    sudo .venv/bin/python bench/top_cpu.py [--seconds 30] [--interval 1] [--view N]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from kvprof.system.servers import start_kvcached  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ATTACHED = "collectors ✓".encode()
+VIEW_MARKS = {"7": b"Enter zoom"}  # what the view draws, to know the key was taken
 
 
 def ops(server: object) -> int:
@@ -65,6 +69,8 @@ class Screen:
         os.close(slave)
         self.tail = b""
         self.seen_attached = threading.Event()
+        self.marker = b""  # set_marker(): seen_marker once the output shows it
+        self.seen_marker = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -84,6 +90,8 @@ class Screen:
             self.tail = (self.tail + chunk)[-65536:]
             if ATTACHED in self.tail:
                 self.seen_attached.set()
+            if self.marker and self.marker in self.tail:
+                self.seen_marker.set()
 
     def press(self, key: bytes) -> None:
         os.write(self.master, key)
@@ -107,6 +115,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=30.0, help="measuring window (default: 30)")
     ap.add_argument("--interval", type=float, default=1.0, help="kvprof top --interval (default: 1)")
+    ap.add_argument("--view", default="1", choices=list("1234567"), help="the view shown (default: 1)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("top_cpu: needs root (kvprof top loads BPF programs)", file=sys.stderr)
@@ -127,6 +136,11 @@ def main() -> int:
             return 1
         attach_s = time.monotonic() - t0
         attach_cpu = cpu_seconds(screen.proc.pid)
+        screen.marker = VIEW_MARKS.get(a.view, b"")
+        screen.press(a.view.encode())
+        if screen.marker and not screen.seen_marker.wait(10):
+            print(f"top_cpu: view {a.view} did not show within 10 s", file=sys.stderr)
+            return 1
         time.sleep(2.0)  # the first full intervals after the last attach
         o0, c0, w0 = ops(server), cpu_seconds(screen.proc.pid), time.monotonic()
         time.sleep(a.seconds)
@@ -134,7 +148,10 @@ def main() -> int:
         watched = (o1 - o0) / (w1 - w0)
         quit_s = screen.stop()
         share = (c1 - c0) / (w1 - w0)
-        print(f"kvprof top -p {server.pid} -i {a.interval:g} on kvcached (baseline, 2 workers) under kvload")
+        print(
+            f"kvprof top -p {server.pid} -i {a.interval:g}, view {a.view}, on kvcached (baseline, 2 workers) "
+            "under kvload"
+        )
         print(f"  attach (5 BPF programs): {attach_s:5.1f} s wall, {attach_cpu:5.1f} s CPU")
         print(
             f"  steady state over {w1 - w0:.0f} s:  {c1 - c0:5.2f} s CPU = {share:.1%} of one core "

@@ -585,7 +585,8 @@ def test_item_create_delete_with_reasons(kvcached_factory: Callable[..., Server]
 LOCK_BPF = r"""
 #include <uapi/linux/ptrace.h>
 struct lkey { char name[16]; };
-struct lval { u64 starts; u64 dones; u64 wait_ns; u64 min_ns; u64 lock; u64 other_locks; u64 weight; u64 unlocked; };
+struct lval { u64 starts; u64 dones; u64 wait_ns; u64 min_ns; u64 lock; u64 other_locks;
+              u64 weight; u64 unlocked; };
 BPF_HASH(waits, struct lkey, struct lval, 64);
 static __always_inline struct lval *slot(u64 name) {
     struct lkey k = {};

@@ -1,4 +1,5 @@
-"""Snapshots of `kvprof top` (pytest-textual-snapshot): Overview and Cache lines at 80x24 and 132x40.
+"""Snapshots of `kvprof top` (pytest-textual-snapshot): Overview, Cache lines and Flame at 80x24
+and 132x40, and the Flame view zoomed, on one thread and in diff mode.
 
 Deterministic: the replay of the committed fixture (fixed data), a frozen
 clock, fixed terminal sizes. After an intended change of the screen, look at
@@ -13,11 +14,14 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import TabbedContent
 
+from kvprof.model.profile import Profile
 from kvprof.tui.app import TopApp
 from kvprof.tui.sources import ReplaySource
 
-FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE = FIXTURES / "top-baseline.json"
 FROZEN = 1_800_000_000.0
 
 
@@ -42,3 +46,55 @@ async def ready(pilot: Pilot[None]) -> None:
 def test_snapshot(snap_compare: Callable[..., bool], keys: list[str], size: tuple[int, int]) -> None:
     """The view at this size looks as accepted: findings named and ranked, the socket matrix drawn."""
     assert snap_compare(app(), press=keys, terminal_size=size, run_before=ready)
+
+
+async def on_flame(pilot: Pilot[None]) -> None:
+    """The first frame, then view 7. A key pressed that early can be undone by the focus
+    Textual gave Overview's table at start (its TabPane.Focused arrives late): press again."""
+    await ready(pilot)
+    tabs = pilot.app.query_one(TabbedContent)
+    for _ in range(5):
+        await pilot.press("7")
+        await pilot.pause(0.2)
+        if tabs.active == "flame":
+            break
+    assert tabs.active == "flame"
+
+
+def flame_app(path: Path = FIXTURE, baseline: Path | None = None) -> TopApp:
+    source = ReplaySource(path)
+    # colours by module read the recorded binary when it is there: not on every machine
+    source.profile.target.exe = ""
+    return TopApp(
+        source,
+        interval=1.0,
+        out_dir="/nonexistent",
+        clock=lambda: FROZEN,
+        baseline=Profile.load(baseline) if baseline is not None else None,
+    )
+
+
+@pytest.mark.parametrize("size", [(80, 24), (132, 40)], ids=["80x24", "132x40"])
+def test_flame_snapshot(snap_compare: Callable[..., bool], size: tuple[int, int]) -> None:
+    """View 7: the icicle of the replay, root at the top, worker_main above process_commands."""
+    assert snap_compare(flame_app(), terminal_size=size, run_before=on_flame)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pytest.param(["down", "down", "down", "down", "enter"], id="zoom"),
+        pytest.param(["t"], id="thread"),
+        pytest.param(["o", "o"], id="locks"),
+    ],
+)
+def test_flame_keys_snapshot(snap_compare: Callable[..., bool], keys: list[str]) -> None:
+    """Enter zooms (process_commands spans the width, its callers dimmed above), t shows
+    one thread, o o lock waits."""
+    assert snap_compare(flame_app(), press=keys, terminal_size=(132, 40), run_before=on_flame)
+
+
+def test_flame_diff_snapshot(snap_compare: Callable[..., bool]) -> None:
+    """d against --baseline: the baseline preset's recording coloured by change from the fixed one's."""
+    app = flame_app(FIXTURES / "flame-baseline.json", FIXTURES / "flame-fixed.json")
+    assert snap_compare(app, press=["d"], terminal_size=(132, 40), run_before=on_flame)

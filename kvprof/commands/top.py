@@ -7,14 +7,14 @@ from pathlib import Path
 
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
 
-HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests"
+HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests, flame graph"
 
 DESCRIPTION = """\
 Attach kvprof's collectors to a running process and show, refreshed every
 --interval, where it loses throughput: the contention spots ranked by cost
 (known ones marked, each with why and the fix), hot functions, contended
-locks, bouncing cache lines with the socket x socket matrix, threads and
-request latency. Needs root, except --replay. Everything is detached on
+locks, bouncing cache lines with the socket x socket matrix, threads,
+request latency and a live flame graph. Needs root, except --replay. Everything is detached on
 exit, on SIGTERM, and when the target exits (its last data stays on screen)."""
 
 EXAMPLES = """\
@@ -23,9 +23,11 @@ examples:
   kvprof top --demo                    # kvcached (baseline, 2 workers), attach, then kvload
   kvprof top --replay base.json.gz     # a recorded profile, no root needed
   kvprof top -p 1234 --hz 199 -i 2     # sample faster, refresh every 2 s
+  kvprof top -p 1234 --baseline fixed.json.gz   # 7, d: the flame graph against it
 
-keys: 1-6 views, q quit, p pause, ? help, / filter, s save a profile,
-f flame graph (SVG), r reset counters, arrows and Enter to navigate.
+keys: 1-7 views, q quit, p pause, ? help, / filter, s save a profile,
+f flame graph (SVG), r reset counters, arrows and Enter to navigate;
+in 7 (Flame) Enter zooms, Backspace/Esc zooms out, o kind, t thread, d diff.
 """
 
 
@@ -42,6 +44,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         p, "-i", "--interval", type=number(float, lo=0.2), default=1.0, help="seconds between refreshes"
     )
     add_collectors(p)
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="FILE",
+        help="a profile the Flame view's diff (d) compares with (default: the previous window)",
+    )
     p.add_argument(
         "-o",
         "--output-dir",

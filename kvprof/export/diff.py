@@ -40,6 +40,16 @@ def _mix(colour: str, t: float) -> str:
     return f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}"
 
 
+def change_colour(before: float, after: float, biggest: float) -> tuple[str, str]:
+    """(colour, "up" | "down" | "same") of a frame whose share went from `before` to
+    `after`, the colour the deeper the nearer the change is to `biggest` (> 0)."""
+    delta = after - before
+    if abs(delta) < SAME_BELOW:
+        return SAME, "same"
+    strength = 0.25 + 0.75 * abs(delta) / biggest
+    return (_mix(GREW, strength), "up") if delta > 0 else (_mix(SHRANK, strength), "down")
+
+
 def diff(
     base: Profile,
     new: Profile,
@@ -73,16 +83,14 @@ def diff(
 
     def style(box: Box) -> tuple[str, str, str]:
         sb, sn, b, n = shares(box)
-        delta = sn - sb
         tip = (
-            f"{sb:.2%} -> {sn:.2%} of the total ({delta * 100:+.2f} points); "
+            f"{sb:.2%} -> {sn:.2%} of the total ({(sn - sb) * 100:+.2f} points); "
             f"{format_value(b, unit)} -> {format_value(n, unit)}"
         )
-        if abs(delta) < SAME_BELOW:
-            return SAME, tip, "same"
-        cls = "up" if delta > 0 else "down"
-        counts[cls] += 1
-        return _mix(GREW if delta > 0 else SHRANK, 0.25 + 0.75 * abs(delta) / biggest), tip, cls
+        colour, cls = change_colour(sb, sn, biggest)
+        if cls in counts:
+            counts[cls] += 1
+        return colour, tip, cls
 
     shape_label = labels[0] if negate else labels[1]
     chart = Chart(

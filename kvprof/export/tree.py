@@ -71,27 +71,41 @@ class Flame:
             prev = k
         self.total = self.cum[n]
 
-    def value_of(self, path: tuple[str, ...]) -> int:
-        """The value under the frame at `path` (root first); 0 when no stack passes there."""
+    def span(self, path: tuple[str, ...]) -> tuple[int, int]:
+        """The stacks under the frame at `path` (root first): indexes [lo, hi)."""
         if not path:
-            return self.total
+            return 0, len(self.stacks)
         lo = bisect_left(self.stacks, path)
         # every stack that starts with `path` sorts before this one
         hi = bisect_left(self.stacks, (*path[:-1], path[-1] + "\0"), lo)
+        return lo, hi
+
+    def value_of(self, path: tuple[str, ...]) -> int:
+        """The value under the frame at `path` (root first); 0 when no stack passes there."""
+        lo, hi = self.span(path)
         return self.cum[hi] - self.cum[lo]
+
+    def own_value(self, path: tuple[str, ...]) -> int:
+        """The value of the stacks that end at `path`: the frame's self value."""
+        lo, hi = self.span(path)
+        # a stack equal to `path` sorts first among those under it
+        return self.cum[lo + 1] - self.cum[lo] if lo < hi and len(self.stacks[lo]) == len(path) else 0
 
     def path(self, box: Box) -> tuple[str, ...]:
         return self.stacks[box.first][: box.depth]
 
-    def layout(self, min_value: float) -> Layout:
+    def layout(self, min_value: float, under: tuple[str, ...] = ()) -> Layout:
         """Boxes of every frame at least `min_value` wide; the narrower ones and
-        every frame they called are pruned and counted."""
+        every frame they called are pruned and counted. With `under` (a call
+        path), only that frame and what it called: a zoom."""
         stacks, cum, lcp, fresh = self.stacks, self.cum, self.lcp, self.fresh
-        if self.total <= 0:
-            return Layout([], 0, 0, 0, 0)
+        lo, hi = self.span(under)
+        if cum[hi] - cum[lo] <= 0:
+            return Layout([], self.total, 0, 0, 0)
         boxes: list[Box] = []
         pruned = pruned_value = depth = 0
-        todo = [(Box(ROOT, 0, 0, self.total, 0), len(stacks))]
+        top = Box(under[-1] if under else ROOT, len(under), cum[lo], cum[hi] - cum[lo], lo)
+        todo = [(top, hi)]
         while todo:
             box, end = todo.pop()
             boxes.append(box)

@@ -27,8 +27,10 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from kvprof.analysis.own_cost import own_cost_line
+from kvprof.model.profile import Profile
 from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
+from kvprof.tui.flame import FlamePanel
 from kvprof.tui.sources import Source
 from kvprof.tui.widgets import (
     Line,
@@ -48,6 +50,7 @@ VIEWS = (
     ("lines", "Cache lines"),
     ("threads", "Threads"),
     ("requests", "Requests"),
+    ("flame", "Flame"),
 )
 # the flame graph `f` writes from each view (kvprof.export KINDS)
 FLAME_KIND = {"locks": "locks", "threads": "offcpu"}
@@ -62,6 +65,9 @@ HELP = """\
   4 Cache lines  shared counters: updates/s, cycles, transfers, sockets
   5 Threads      CPU, sockets, lock wait, off-CPU, top function
   6 Requests     server-side latency percentiles per opcode
+  7 Flame        flame graph of the last few seconds: arrows move, Enter
+                 zooms, Backspace/Esc zooms out, o on-CPU/off-CPU/locks,
+                 t one thread, d diff (previous window or --baseline)
 
 [b]Keys[/b]
   q  quit             p  pause / resume      ?  this help
@@ -185,9 +191,11 @@ class TopApp(App[None]):
         out_dir: Path | str = ".",
         clock: Callable[[], float] = time.time,
         handle_signals: bool = False,
+        baseline: Profile | None = None,
     ) -> None:
         super().__init__()
         self.source = source
+        self.baseline = baseline  # what the Flame view's diff compares with
         self.interval = interval
         self.out_dir = Path(out_dir)
         self.clock = clock
@@ -218,6 +226,7 @@ class TopApp(App[None]):
                 LinesPanel(),
                 ThreadsPanel(id="threads-panel"),
                 RequestsPanel(id="requests-panel"),
+                FlamePanel(self.baseline),
             ]
             for i, ((view, name), panel) in enumerate(zip(VIEWS, panels, strict=True), 1):
                 with TabPane(f"{i} {name}", id=view):
@@ -285,6 +294,7 @@ class TopApp(App[None]):
     def _arrived(self, frame: Frame | None) -> None:
         if frame is not None:
             self.frame = frame
+            self.query_one(FlamePanel).remember(frame)  # its diff compares with earlier windows
             if not isinstance(self.screen, ModalScreen):
                 self.draw()
         else:
@@ -363,12 +373,16 @@ class TopApp(App[None]):
 
     # ---- events --------------------------------------------------------------------------
 
+    def focus_view(self) -> None:
+        panel = self.panel(self.active_view())
+        target = panel.graph if isinstance(panel, FlamePanel) else panel.main_table()
+        if target is not None:
+            target.focus()
+
     @on(TabbedContent.TabActivated)
     def _tab_changed(self, event: TabbedContent.TabActivated) -> None:
         self.draw()
-        table = self.panel(self.active_view()).main_table()
-        if table is not None:
-            table.focus()
+        self.focus_view()
 
     def on_screen_resume(self) -> None:
         self.draw()  # a modal closed: draw what arrived meanwhile
@@ -381,9 +395,7 @@ class TopApp(App[None]):
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
         self.query_one("#filter", Input).remove_class("shown")
-        table = self.panel(self.active_view()).main_table()
-        if table is not None:
-            table.focus()
+        self.focus_view()
 
     @on(DataTable.RowSelected)
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -459,6 +471,11 @@ class TopApp(App[None]):
             self.notify, f"saved {profile.window.duration_s:.0f} s to {path}\nkvprof report {path}", timeout=8
         )
 
+    def flame_kind(self) -> str:
+        """The stacks `f` writes from the view shown: the Flame view's own kind there."""
+        view = self.active_view()
+        return self.query_one(FlamePanel).kind if view == "flame" else FLAME_KIND.get(view, "cpu")
+
     def action_flamegraph(self) -> None:
         self.run_worker(self._flamegraph, thread=True, group="io", exit_on_error=False)
 
@@ -473,7 +490,7 @@ class TopApp(App[None]):
         if profile is None:
             self.call_from_thread(self.notify, "nothing collected yet", severity="warning")
             return
-        kind = FLAME_KIND.get(self.call_from_thread(self.active_view), "cpu")
+        kind = self.call_from_thread(self.flame_kind)
         if kind not in KINDS:
             kind = "cpu"
         path = self.out_dir / f"kvprof-top-{self.source.pid}-{kind}-{self._stamp()}.svg"

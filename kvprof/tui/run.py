@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvprof.collect import HZ
-from kvprof.model.profile import ProfileError
+from kvprof.model.profile import Profile, ProfileError
 
 if TYPE_CHECKING:
     from kvprof.tui.sources import Source
@@ -36,6 +36,7 @@ class TopOptions:
     interval: float = 1.0
     collectors: tuple[str, ...] = ()
     output_dir: Path = Path(".")
+    baseline: Path | None = None  # the Flame view's diff compares with it
 
 
 def bpf_unavailable() -> str | None:
@@ -75,18 +76,24 @@ def main(opts: TopOptions) -> int:
 def _main(opts: TopOptions) -> int:
     from kvprof.tui.sources import LiveSource, ReplaySource
 
+    baseline = None
+    if opts.baseline is not None:
+        try:
+            baseline = Profile.load(opts.baseline)
+        except ProfileError as e:
+            return _fail(str(e))
     source: Source
     if opts.replay is not None:
         try:
             source = ReplaySource(opts.replay)
         except ProfileError as e:
             return _fail(str(e))
-        return _run(source, opts)
+        return _run(source, opts, baseline)
     why = bpf_unavailable()
     if why is not None:
         return _fail(why, hint=True)
     if opts.demo:
-        return _demo(opts)
+        return _demo(opts, baseline)
     assert opts.pid is not None
     from kvprof.collect.session import TargetGone
 
@@ -96,10 +103,10 @@ def _main(opts: TopOptions) -> int:
         return _fail(str(e))
     except PermissionError:
         return _fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
-    return _run(source, opts)
+    return _run(source, opts, baseline)
 
 
-def _demo(opts: TopOptions) -> int:
+def _demo(opts: TopOptions, baseline: Profile | None) -> int:
 
     from kvprof import demo
     from kvprof.system.servers import TargetError, kvload_binary, start_kvcached
@@ -140,7 +147,7 @@ def _demo(opts: TopOptions) -> int:
         file=sys.stderr,
     )
     try:
-        status = _run(source, opts, cleanup=server.stop)
+        status = _run(source, opts, baseline, cleanup=server.stop)
     finally:
         source.close()
         done.set()
@@ -181,12 +188,16 @@ def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> Non
         os._exit(1)
 
 
-def _run(source: Source, opts: TopOptions, cleanup: Callable[[], object] | None = None) -> int:
+def _run(
+    source: Source, opts: TopOptions, baseline: Profile | None, cleanup: Callable[[], object] | None = None
+) -> int:
     source.start()  # attaching takes seconds: begin before Textual loads and sets up the screen
     from kvprof.tui.app import TopApp
 
     threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()
-    app = TopApp(source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True)
+    app = TopApp(
+        source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True, baseline=baseline
+    )
     try:
         app.run()
     finally:

@@ -276,6 +276,13 @@ class OverviewPanel(Panel):
 # ---- Stacks -----------------------------------------------------------------------
 
 
+def next_thread(tid: str | None, threads: list[tuple[str, str]]) -> str | None:
+    """After `tid`: all threads (None), then each thread with samples, busiest first."""
+    tids = [None, *(t for t, _ in threads)]
+    i = tids.index(tid) if tid in tids else 0
+    return tids[(i + 1) % len(tids)]
+
+
 class StacksPanel(TablePanel):
     view = "stacks"
     columns = (
@@ -289,10 +296,7 @@ class StacksPanel(TablePanel):
         self.threads: list[tuple[str, str]] = []
 
     def next_thread(self) -> None:
-        """All threads, then each thread with samples, busiest first."""
-        tids = [None, *(t for t, _ in self.threads)]
-        i = tids.index(self.tid) if self.tid in tids else 0
-        self.tid = tids[(i + 1) % len(tids)]
+        self.tid = next_thread(self.tid, self.threads)
 
     def rows(self, frame: Frame) -> Iterable[Row]:
         self.threads = data.thread_choices(frame)
