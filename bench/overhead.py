@@ -403,6 +403,12 @@ def _ready_line(proc: subprocess.Popen[str], word: str, timeout: float, what: st
     raise SystemExit(f"overhead: {what} was not ready within {timeout:g} s")
 
 
+def _sigint_default() -> None:
+    """In the tool's process: SIGINT stops it, also when this benchmark was started in the
+    background (a shell starts background jobs with SIGINT ignored, and children inherit it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
     """`tool` attached to `pid` until the block ends; for record, the path of the profile it
@@ -441,7 +447,8 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
         word, what = "", "perf record"
     # what it says goes to one pipe (BCC's tools say "Sampling" on stdout, record "collecting"
     # on stderr), read until it is ready, then drained so that it never blocks on a full pipe
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            preexec_fn=_sigint_default)  # fmt: skip
     try:
         if word:
             _ready_line(proc, word, 180, what)

@@ -7,8 +7,8 @@ spent there (kvprof.analysis.own_cost: BPF run time plus the kernel's cost per
 uprobe hit) is set beside what the finding reports the spot costs
 (`est_s_per_s`, thread-seconds per second). When it is more than
 `PROBE_EFFECT_FLAG` of it, the finding says so (`cost["probe_share"]`): part
-of what it reports may be kvprof's own doing. docs/findings.md says why it
-is flagged rather than subtracted.
+of what it reports may be kvprof's own doing. docs/report.md ("The probe
+effect") says why it is flagged rather than subtracted.
 """
 
 from __future__ import annotations
