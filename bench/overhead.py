@@ -368,7 +368,7 @@ def reattach(args: argparse.Namespace, placement: Placement, tmp: str, sample: l
 
 # ---- the user's view: one server, tools attached and detached ----------------
 
-TOOLS = ("record", "top", "record-oncpu-offcpu", "bcc-profile", "perf-dwarf")
+TOOLS = ("record", "top", "record-oncpu-offcpu", "bcc-profile", "perf-dwarf", "none")
 
 
 @dataclass
@@ -414,6 +414,11 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
     """`tool` attached to `pid` until the block ends; for record, the path of the profile it
     writes when it is stopped (read it after the block)."""
     out = Path(tmp) / "window.json.gz"
+    if tool == "none":  # the method's control: the same windows with nothing attached
+        time.sleep(1.0)
+        yield None
+        time.sleep(1.0)
+        return
     if tool == "top":
         from top_cpu import Screen  # bench/top_cpu.py, next to this file
 

@@ -157,11 +157,13 @@ static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
 }
 
 // Add one wait of `ns` to a futex map's value (BCC cannot pass a map to a
-// function: the caller looks the value up or inserts `one`).
+// function: the caller looks the value up or inserts `one`). Every key of the
+// maps below holds a tid and only that thread's switch-outs write it, so
+// plain adds suffice.
 static __always_inline void offcpu_add_wait(struct offcpu_futex_val *v, u64 ns)
 {
-    __sync_fetch_and_add(&v->waits, 1);
-    __sync_fetch_and_add(&v->ns, ns);
+    v->waits += 1;
+    v->ns += ns;
 }
 
 // The off-CPU period of `t` that ended when it came back on a CPU at `on_since`.
@@ -206,18 +208,10 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
     key.user_stack = t->user_stack;
     key.kernel_stack = t->kernel_stack;
     u64 *ns = offcpu_periods.lookup(&key);
-    if (ns) {
-        __sync_fetch_and_add(ns, delta);
-    } else {
-        int err = offcpu_periods.insert(&key, &delta);
-        if (err == -KV_EEXIST) {
-            ns = offcpu_periods.lookup(&key);
-            if (ns)
-                __sync_fetch_and_add(ns, delta);
-        } else if (err) {
-            offcpu_count(OFFCPU_MAP_FULL, 1);
-        }
-    }
+    if (ns)
+        *ns += delta;
+    else if (offcpu_periods.insert(&key, &delta))
+        offcpu_count(OFFCPU_MAP_FULL, 1);
 }
 
 // args: (bool preempt, struct task_struct *prev, struct task_struct *next, ...);

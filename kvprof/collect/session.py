@@ -390,10 +390,12 @@ class Session:
 
     def snapshot(self) -> Profile:
         """Everything counted since the window started, as a Profile (no findings yet)."""
-        programs = self._programs()
+        # the meter first: this read's own work (maps, symbols) is after the window;
+        # a live view's earlier reads are in it, as they were CPU it took
+        overhead = self._meter.read(self._programs())
         raw = self._read()
         profile = delta(raw, self._base) if self._base is not None else raw
-        profile.overhead = self._meter.read(programs)
+        profile.overhead = overhead
         return profile
 
     def _programs(self) -> list[Any]:
