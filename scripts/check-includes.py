@@ -3,9 +3,14 @@
 that docs/server.md describes:
 
 - no cycle between modules (a module is foo.c with foo.h: one node, so
-  core/conn.c -> protocol/process.h -> core/conn.h is a cycle of two);
-- nothing under core/ includes anything from protocol/, directly or through
-  the headers it includes.
+  core/conn.c -> protocol/process.h -> core/conn.h is a cycle of two). A
+  function declared in bar.h but defined in foo.c makes every includer of
+  bar.h depend on foo too: the declaration is foo's, wherever it sits;
+- the layers, lowest first: the headers at the top of the tree (util.h,
+  trace.h, opcodes.h, ...), core/, stats/, storage/, protocol/; the programs
+  (main.c, fuzz/, tests/, loadgen/, bench/) above them all. No file of a
+  layer includes a file of a higher one, directly or through the headers it
+  includes (so core/ and stats/ reach nothing of protocol/).
 
 Prints one line per problem and exits 1, or exits 0 silently. --graph prints
 the module edges too. Only `#include "..."` that name a file of the tree count
@@ -18,8 +23,17 @@ from pathlib import Path
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 SKIP_DIRS = {"build", "build-asan", "build-fuzz", "build-lint"}
-LOWER = "core/"
-UPPER = "protocol/"
+# The layers that must not include upwards, lowest first (docs/server.md).
+LAYERS = ("core/", "stats/", "storage/", "protocol/")
+# A prototype at the start of a line (`const char *opcode_name(enum opcode op);`), and a
+# definition (the same, then `{` on the next line or the same one); static ones are local.
+_SIGNATURE = (
+    r"^(?:__attribute__\(\(\w+\)\)\s*)?(?!static\b|typedef\b|extern\b|return\b|#)"
+    r"[A-Za-z_][\w \t*]*?\b(\w+)\s*\([^;{}()]*\)"
+)
+DECLARATION = re.compile(_SIGNATURE + r"[^;{}]*;", re.MULTILINE)
+DEFINITION = re.compile(_SIGNATURE + r"\s*\{", re.MULTILINE)
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 
 def sources(root):
@@ -46,11 +60,33 @@ def module(name):
     return name.rsplit(".", 1)[0]
 
 
-def module_graph(graph):
+def owners(root, files):
+    """header -> the other modules whose .c defines a function the header declares."""
+    defined = {}
+    for name in files:
+        if name.endswith(".c"):
+            text = COMMENT.sub("", (root / name).read_text(encoding="utf-8", errors="replace"))
+            for fn in DEFINITION.findall(text):
+                defined.setdefault(fn, module(name))
+    found = {}
+    for name in files:
+        if name.endswith(".h"):
+            text = COMMENT.sub("", (root / name).read_text(encoding="utf-8", errors="replace"))
+            mods = {defined[fn] for fn in DECLARATION.findall(text) if fn in defined}
+            found[name] = mods - {module(name)}
+    return found
+
+
+def module_graph(graph, defined_in=None):
+    """module -> the modules it includes, and those that define what it includes declares."""
+    defined_in = defined_in or {}
     edges = {}
     for name, incs in graph.items():
         deps = edges.setdefault(module(name), set())
-        deps.update(module(inc) for inc in incs if module(inc) != module(name))
+        for inc in incs:
+            deps.add(module(inc))
+            deps.update(defined_in.get(inc, ()))
+        deps.discard(module(name))
     return edges
 
 
@@ -85,16 +121,27 @@ def cycles(edges):
     return found
 
 
+def layer(name):
+    """The index of name's layer in LAYERS; -1 for the headers below them all,
+    len(LAYERS) for the programs above them."""
+    for i, prefix in enumerate(LAYERS):
+        if name.startswith(prefix):
+            return i
+    return -1 if "/" not in name and name.endswith(".h") else len(LAYERS)
+
+
 def upward(graph):
-    """(file, chain) for each file under core/ that reaches protocol/."""
+    """(file, chain) for each file of a layer that reaches a file of a higher layer:
+    the shortest such chain of includes."""
     found = []
     for name in sorted(graph):
-        if not name.startswith(LOWER):
+        own = layer(name)
+        if own >= len(LAYERS):
             continue
         seen, todo = {name}, [[name]]
         while todo:
             chain = todo.pop(0)
-            if chain[-1].startswith(UPPER):
+            if layer(chain[-1]) > own:
                 found.append((name, chain))
                 break
             for inc in graph[chain[-1]]:
@@ -102,6 +149,11 @@ def upward(graph):
                     seen.add(inc)
                     todo.append([*chain, inc])
     return found
+
+
+def upward_line(chain):
+    lower, upper = LAYERS[layer(chain[0])], LAYERS[layer(chain[-1])]
+    return f"{lower} includes {upper}: {' -> '.join(chain)}"
 
 
 def main(argv=None):
@@ -118,13 +170,14 @@ def main(argv=None):
     if not root.is_dir():
         print(f"check-includes: {root} is not a directory", file=sys.stderr)
         return 2
-    graph = includes(root, sources(root))
-    edges = module_graph(graph)
+    files = sources(root)
+    graph = includes(root, files)
+    edges = module_graph(graph, owners(root, files))
     if args.graph:
         for mod in sorted(edges):
             print(f"{mod} -> {' '.join(sorted(edges[mod])) or '-'}")
     problems = [f"include cycle: {' <-> '.join(scc)}" for scc in cycles(edges)]
-    problems += [f"{LOWER} includes {UPPER}: {' -> '.join(chain)}" for _, chain in upward(graph)]
+    problems += [upward_line(chain) for _, chain in upward(graph)]
     for line in problems:
         print(f"check-includes: {line}", file=sys.stderr)
     return 1 if problems else 0

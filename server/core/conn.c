@@ -9,10 +9,15 @@
 #include <unistd.h>
 
 #include "settings.h"
-#include "stats/stats.h"
 #include "trace.h"
+#include "util.h"
 
 static uint64_t curr_conns, total_conns, rejected_conns;
+/* Bytes through the sockets, one block per worker (written only by its
+ * worker, with plain loads and stores: no line is shared between workers). */
+static struct {
+    struct conn_io n;
+} KV_ALIGNED io[KV_MAX_THREADS + 1];
 static const struct conn_handler *handler;
 
 void conn_set_handler(const struct conn_handler *h) { handler = h; }
@@ -30,6 +35,20 @@ void conns_count_open(void)
 void conns_count_rejected(void) { __atomic_fetch_add(&rejected_conns, 1, __ATOMIC_RELAXED); }
 
 void conns_count_closed_early(void) { __atomic_fetch_sub(&curr_conns, 1, __ATOMIC_RELAXED); }
+
+static inline void io_add(uint64_t *p, uint64_t v)
+{
+    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
+void conns_io(struct conn_io *sum)
+{
+    sum->bytes_read = sum->bytes_written = 0;
+    for (size_t w = 0; w < KV_ARRAY_LEN(io); w++) {
+        sum->bytes_read += __atomic_load_n(&io[w].n.bytes_read, __ATOMIC_RELAXED);
+        sum->bytes_written += __atomic_load_n(&io[w].n.bytes_written, __ATOMIC_RELAXED);
+    }
+}
 
 conn *conn_new(int fd, ev_loop_t *loop, int idx, conn **list)
 {
@@ -171,7 +190,7 @@ static int conn_read(conn *c)
     if (n < 0)
         return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
     c->rlen += (size_t)n;
-    stats_add_bytes_read((uint64_t)n);
+    io_add(&io[c->idx].n.bytes_read, (uint64_t)n);
     return 0;
 }
 
@@ -186,7 +205,7 @@ static int conn_flush(conn *c)
             return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
         }
         c->wsent += (size_t)n;
-        stats_add_bytes_written((uint64_t)n);
+        io_add(&io[c->idx].n.bytes_written, (uint64_t)n);
     }
     c->wsent = c->wlen = 0;
     if (c->wsize > WBUF_HIGH_WATER) { /* a big reply is gone: shrink back */

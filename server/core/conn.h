@@ -76,4 +76,12 @@ void conns_count_open(void);
 void conns_count_rejected(void);
 void conns_count_closed_early(void); /* counted open, closed before serving */
 
+/* Bytes read from and written to every client socket so far (the `stats`
+ * bytes_read and bytes_written). */
+struct conn_io {
+    uint64_t bytes_read;
+    uint64_t bytes_written;
+};
+void conns_io(struct conn_io *sum);
+
 #endif

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "protocol/opcodes.h"
+#include "opcodes.h"
 
 #define KV_LINE_MAX 65536 /* longest command line accepted, "\r\n" included */
 
@@ -19,7 +19,7 @@ enum parse_status {
     PARSE_EOVERSIZE, /* no newline within the line limit: reply and drop the client */
 };
 
-/* Every command the parser knows: the request opcodes (protocol/opcodes.h,
+/* Every command the parser knows: the request opcodes (opcodes.h,
  * so CMD_x == OP_x for those), then the ones that are not requests. */
 #define KV_COMMANDS(X)                                                         \
     KV_OPCODES(X)                                                              \

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "protocol/opcodes.h"
+#include "opcodes.h"
 #include "protocol/parse.h"
 #include "protocol/stats_out.h"
 #include "settings.h"
@@ -46,14 +46,6 @@ struct proto_conn {
     uint64_t copies;
     int64_t copy_bytes;
 };
-
-static const char *const opcode_names[OPS_MAX] = {
-#define X(id, name) [OP_##id] = name,
-    KV_OPCODES(X)
-#undef X
-};
-
-const char *opcode_name(enum opcode op) { return opcode_names[op]; }
 
 /* cmd__* sampling: one countdown per worker, one decision per request. */
 static __thread uint32_t cmd_countdown;

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "core/lock.h"
-#include "protocol/opcodes.h"
+#include "opcodes.h"
 #include "settings.h"
 #include "stats/sites.h"
 #include "stats/stats.h"

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "protocol/opcodes.h"
+#include "opcodes.h"
 
 enum site_mode { MODE_SHARED = 0, MODE_PER_THREAD = 1 };
 

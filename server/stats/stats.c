@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/conn.h"
+
 struct thread_stats *thread_stats;
 static int nslots;
 
@@ -30,4 +32,8 @@ void stats_sum(struct thread_stats *out)
         KV_THREAD_STATS(X)
 #undef X
     }
+    struct conn_io io;
+    conns_io(&io);
+    out->bytes_read = io.bytes_read;
+    out->bytes_written = io.bytes_written;
 }

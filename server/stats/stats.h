@@ -49,11 +49,12 @@ static inline void stat_add(uint64_t *p, uint64_t v)
 #define STAT_ADD(field, n) stat_add(&thread_stats[kv_thread_idx].field, (n))
 #define STAT_INCR(field) STAT_ADD(field, 1)
 
-static inline void stats_add_bytes_read(uint64_t n) { STAT_ADD(bytes_read, n); }
-static inline void stats_add_bytes_written(uint64_t n) { STAT_ADD(bytes_written, n); }
 
 int stats_setup(int nthreads);
 void stats_teardown(void);
+/* The sum over every thread; bytes_read and bytes_written are the core's
+ * (conns_io: the core counts its sockets' bytes itself and knows nothing
+ * of this table), so those two are never written per thread. */
 void stats_sum(struct thread_stats *out);
 
 #endif

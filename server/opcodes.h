@@ -1,6 +1,8 @@
 /* Request opcodes, numbered as documented in probes/kvs.d (cmd__* `opcode`)
  * and named as in `stats timings`. Append only: the numbers are a contract
- * with kvprof. */
+ * with kvprof, which reads the names from this file
+ * (kvprof.collect.requests.opcode_names, checked by tests/test_contracts.py).
+ * Below every layer: the protocol parses and runs them, stats/ times them. */
 #ifndef KV_OPCODES_H
 #define KV_OPCODES_H
 
@@ -31,6 +33,14 @@ enum opcode {
 /* cmd__done `status` */
 enum op_status { OPS_OK = 0, OPS_MISS = 1, OPS_EXISTS = 2, OPS_NOT_STORED = 3, OPS_ERROR = 4 };
 
-const char *opcode_name(enum opcode op);
+static inline const char *opcode_name(enum opcode op)
+{
+    static const char *const names[OPS_MAX] = {
+#define X(id, name) [OP_##id] = name,
+        KV_OPCODES(X)
+#undef X
+    };
+    return names[op];
+}
 
 #endif
