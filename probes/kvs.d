@@ -15,18 +15,23 @@
  * for one shorter wait in N (`--lock-sample N`, default 16), after the lock
  * was released.
  *
- * Opcodes (cmd__* `opcode`, and `stats timings`):
+ * The tables below are defined in kvcached's sources and copied here for a
+ * reader of the probes; tests/test_contracts.py checks each copy against
+ * its definition, and kvprof reads the opcodes from server/opcodes.h.
+ *
+ * Opcodes (cmd__* `opcode`, and `stats timings`; server/opcodes.h):
  *   0 get, 1 gets, 2 gat, 3 gats, 4 set, 5 add, 6 replace, 7 append,
  *   8 prepend, 9 cas, 10 delete, 11 incr, 12 decr, 13 touch, 14 flush_all
- * Statuses (cmd__done `status`):
+ * Statuses (cmd__done `status`; enum op_status, server/opcodes.h):
  *   0 ok (hit, stored, deleted, touched), 1 miss / not found,
  *   2 exists (cas mismatch), 3 not stored, 4 error
- * Item delete reasons (item__delete `reason`):
+ * Item delete reasons (item__delete `reason`; server/storage/items.h):
  *   0 delete, 1 expire, 2 evict, 3 replace (overwritten by a store),
  *   4 flush (invalidated by flush_all)
- * Lock names: item_lock, lru, slabs, topkeys, topkeys_thread, connq
- * Site names (atomic__sample `site`): collect_timings, on_create_item,
- *   on_delete_item, account_memory
+ * Lock names (lock__wait__* `name`; server/core/lock.h):
+ *   item_lock, lru, slabs, topkeys, topkeys_thread, connq
+ * Site names (atomic__sample `site`; server/stats/sites.c):
+ *   collect_timings, on_create_item, on_delete_item, account_memory
  */
 provider kvs {
     /**

@@ -101,8 +101,8 @@ def test_log2_histogram_helpers() -> None:
     assert hist_percentile([0] * 64, 0.5) == 0
 
 
-def test_opcode_names_follow_the_provider() -> None:
-    """Opcode names come from probes/kvs.d's table."""
+def test_opcode_names_follow_the_header() -> None:
+    """Opcode names come from server/opcodes.h (tests/test_contracts.py checks it number for number)."""
     names = opcode_names()
     assert names[0] == "get" and names[4] == "set" and names[14] == "flush_all" and len(names) == 15
 

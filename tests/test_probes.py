@@ -31,6 +31,8 @@ import pytest
 from support import assert_detached, probe_notes, semaphores, worker_tids
 
 from kvprof import REPO
+from kvprof.collect import cdefs
+from kvprof.collect.requests import opcode_names
 from kvprof.system.servers import Server, kvcached_binary
 
 KVS_D = REPO / "probes" / "kvs.d"
@@ -55,37 +57,27 @@ def kvs_probe_names() -> list[str]:
     return re.findall(r"^\s*probe\s+(\w+)\s*\(", code, flags=re.M)
 
 
-def _doc_section(start: str, end: str) -> str:
-    header = _provider_text().split("*/", 1)[0]
-    text = " ".join(line.strip().lstrip("*").strip() for line in header.splitlines())
-    return text.split(start, 1)[1].split(end, 1)[0]
+def _enum(path: Path, enum: str, prefix: str) -> dict[str, int]:
+    """An enum of kvcached's sources as {member without prefix, lower case: number}."""
+    return {m.removeprefix(prefix).lower(): i for i, m in enumerate(cdefs.enum_members(path, enum))}
 
 
-def _numbered(start: str, end: str) -> dict[str, int]:
-    """`0 get, 1 gets, ...` -> {"get": 0, ...}; a multi-word name is keyed by its first word."""
-    return {
-        name: int(num) for num, name in re.findall(r"(?<![\w(])(\d+) ([a-z_]+)", _doc_section(start, end))
-    }
-
-
-def _names(start: str, end: str) -> list[str]:
-    return [n.strip() for n in _doc_section(start, end).split(",") if n.strip()]
-
-
-OPCODES = _numbered("Opcodes", "Statuses")
-STATUS = _numbered("Statuses", "Item delete reasons")
-REASONS = _numbered("Item delete reasons", "Lock names")
-LOCK_NAMES = _names("Lock names:", "Site names")
-SITES = _names("Site names (atomic__sample `site`):", "\x00")
+# What the probes' arguments mean, from where kvcached defines them (tests/test_contracts.py
+# checks probes/kvs.d's copies of these tables against the same definitions).
+SERVER = REPO / "server"
+OPCODES = {name: n for n, name in opcode_names().items()}
+STATUS = _enum(SERVER / "opcodes.h", "op_status", "OPS_")
+REASONS = _enum(SERVER / "storage" / "items.h", "delete_reason", "DEL_")
+LOCK_NAMES = [e[1] for e in cdefs.x_macro(SERVER / "core" / "lock.h", "KV_LOCK_NAMES")]
+SITES = ["collect_timings", "on_create_item", "on_delete_item", "account_memory"]
 
 
 def test_provider_tables_parse() -> None:
-    """probes/kvs.d documents the opcode, status, reason, lock and site tables these tests rely on."""
+    """The opcode, status, reason and lock tables these tests rely on read from kvcached's sources."""
     assert OPCODES["get"] == 0 and OPCODES["flush_all"] == 14 and len(OPCODES) == 15
-    assert {"ok", "miss", "exists", "not", "error"} <= STATUS.keys()
+    assert {"ok", "miss", "exists", "not_stored", "error"} <= STATUS.keys()
     assert {"delete", "expire", "evict", "replace"} <= REASONS.keys()
     assert "topkeys" in LOCK_NAMES
-    assert SITES == ["collect_timings", "on_create_item", "on_delete_item", "account_memory"]
 
 
 # ---- the binary's notes --------------------------------------------------
@@ -369,7 +361,7 @@ int on_done(struct pt_regs *ctx) {
 # (command line, data block or None, reply prefix, [(opcode, key, status) per request])
 CMD_SCRIPT: list[tuple[str, bytes | None, bytes, list[tuple[str, str, str]]]] = [
     ("set pk-alpha 0 0 5", b"hello", b"STORED", [("set", "pk-alpha", "ok")]),
-    ("add pk-alpha 0 0 5", b"world", b"NOT_STORED", [("add", "pk-alpha", "not")]),
+    ("add pk-alpha 0 0 5", b"world", b"NOT_STORED", [("add", "pk-alpha", "not_stored")]),
     (
         "get pk-alpha pk-missing",
         None,
@@ -377,7 +369,7 @@ CMD_SCRIPT: list[tuple[str, bytes | None, bytes, list[tuple[str, str, str]]]] = 
         [("get", "pk-alpha", "ok"), ("get", "pk-missing", "miss")],
     ),
     ("gets pk-alpha", None, b"VALUE pk-alpha", [("gets", "pk-alpha", "ok")]),
-    ("replace pk-missing 0 0 1", b"x", b"NOT_STORED", [("replace", "pk-missing", "not")]),
+    ("replace pk-missing 0 0 1", b"x", b"NOT_STORED", [("replace", "pk-missing", "not_stored")]),
     ("append pk-alpha 0 0 1", b"a", b"STORED", [("append", "pk-alpha", "ok")]),
     ("prepend pk-alpha 0 0 1", b"p", b"STORED", [("prepend", "pk-alpha", "ok")]),
     ("cas pk-alpha 0 0 1 987654321", b"c", b"EXISTS", [("cas", "pk-alpha", "exists")]),
@@ -492,9 +484,7 @@ def test_cmd_sampling_does_not_alias_with_periodic_load(kvcached_factory: Callab
 
 
 def server_opcode_name(op: int) -> str:
-    """kvcached's opcode numbers (protocol/opcodes.h), as the probes give them."""
-    from kvprof.collect.requests import opcode_names
-
+    """kvcached's opcode numbers (server/opcodes.h), as the probes give them."""
     return opcode_names().get(op, str(op))
 
 

@@ -63,6 +63,36 @@ def missing_bcc() -> str | None:
     return None
 
 
+# The registry: each module under kvprof/collect/ that collects, and its collector class.
+# A collector name (Profile.collectors) is taken by one of these modules (session.modules
+# picks which: the on-CPU stacks come from oncpu, pyspy or perf). Imported only when
+# a session makes the collector, since the BPF ones import bcc.
+COLLECTORS: dict[str, str] = {
+    "oncpu": "OnCpuCollector",
+    "offcpu": "OffCpuCollector",
+    "locks": "LocksCollector",
+    "cachelines": "CachelinesCollector",
+    "requests": "RequestsCollector",
+    "regsample": "RegsampleCollector",
+    "pyspy": "PySpyCollector",
+    "perf": "PerfCollector",
+}
+
+
+def collector_class(module_name: str) -> type:
+    """The collector class of kvprof.collect.<module_name> (a key of COLLECTORS)."""
+    import importlib
+
+    if module_name not in COLLECTORS:
+        raise CollectError(f"no collector module {module_name!r}: choose from {', '.join(COLLECTORS)}")
+    try:
+        module = importlib.import_module(f"kvprof.collect.{module_name}")
+    except ImportError as e:  # a Python package it needs from Debian is missing
+        raise CollectError(f"{module_name} cannot load ({e}): run scripts/provision.sh") from None
+    cls: type = getattr(module, COLLECTORS[module_name])
+    return cls
+
+
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)

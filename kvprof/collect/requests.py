@@ -10,24 +10,27 @@ as the largest value of their bucket (kvprof.model.histogram): a bound within a 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
-from kvprof.collect import HIST_SLOTS, PROBES_DIR, CollectOptions
+from kvprof import REPO
+from kvprof.collect import HIST_SLOTS, CollectOptions
 from kvprof.collect.bpf import KvsCollector, array_counters, map_items
+from kvprof.collect.cdefs import x_macro
 from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
 
 COUNTERS = ("events", "map_full")  # the order of enum requests_counter
 
 
-def opcode_names() -> dict[int, str]:
-    """The opcode table of probes/kvs.d (`0 get, 1 gets, ...`)."""
-    text = (PROBES_DIR / "kvs.d").read_text()
-    table = text.split("Opcodes", 1)[1].split("Statuses", 1)[0]
-    flat = " ".join(line.strip().lstrip("*") for line in table.splitlines())
-    return {int(n): name for n, name in re.findall(r"(\d+) ([a-z_]+)", flat)}
+OPCODES_H = REPO / "server" / "opcodes.h"  # KV_OPCODES: the cmd__* `opcode` numbers, in order
+
+
+def opcode_names(header: Path = OPCODES_H) -> dict[int, str]:
+    """kvcached's opcode numbers and names, read from its `KV_OPCODES` X-macro list (entry N
+    is opcode N): {0: "get", 1: "gets", ...}."""
+    return {n: entry[1] for n, entry in enumerate(x_macro(header, "KV_OPCODES"))}
 
 
 @dataclass

@@ -21,7 +21,6 @@ Profile.status.collectors with the reason, and the others go on.
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import signal
@@ -32,7 +31,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions
+from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class
 from kvprof.collect.overhead import Meter
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
@@ -117,21 +116,6 @@ def _attach_priority() -> Iterator[None]:
             os.setpriority(os.PRIO_PROCESS, tid, old)
         except OSError:
             pass
-
-
-def _collector_class(module_name: str, name: str) -> Any:
-    try:
-        module = importlib.import_module(f"kvprof.collect.{module_name}")
-    except ImportError as e:  # a Python package it needs from Debian is missing
-        raise CollectError(f"{name} cannot load ({e}): run scripts/provision.sh") from None
-    for attr in vars(module).values():
-        if (
-            isinstance(attr, type)
-            and attr.__name__.endswith("Collector")
-            and getattr(attr, "name", None) == name
-        ):
-            return attr
-    raise CollectError(f"kvprof.collect.{module_name} has no collector class named {name!r}")
 
 
 class Session:
@@ -258,7 +242,7 @@ class Session:
         """The collector of `name` if it applies to the target, else None (its state said).
         A CollectError from applies() ends the session: py-spy that --python asked for."""
         try:
-            collector = _collector_class(self.modules[name], name)(self.pid, self.opts)
+            collector = collector_class(self.modules[name])(self.pid, self.opts)
         except CollectError as e:
             self._say(name, f"failed: {e}", on_state)
             return None

@@ -15,7 +15,7 @@ enum store_result { STORE_STORED, STORE_NOT_STORED, STORE_EXISTS, STORE_NOT_FOUN
 enum lookup_result { LOOKUP_HIT, LOOKUP_MISS, LOOKUP_EXPIRED, LOOKUP_FLUSHED };
 enum arith_result { ARITH_OK, ARITH_NOT_FOUND, ARITH_NON_NUMERIC, ARITH_NO_MEMORY };
 /* item__delete reasons, as documented in probes/kvs.d */
-enum delete_reason { DEL_DELETE, DEL_EXPIRE, DEL_EVICT, DEL_REPLACE, DEL_FLUSH, DEL_ABANDON };
+enum delete_reason { DEL_DELETE, DEL_EXPIRE, DEL_EVICT, DEL_REPLACE, DEL_FLUSH };
 
 /* How the hash lookup compares keys (--key-compare): INLINE checks the
  * length, then memcmp, in the loop; INDIRECT calls a general ordering
