@@ -25,7 +25,7 @@
  * Statuses (cmd__done `status`; enum op_status, server/opcodes.h):
  *   0 ok (hit, stored, deleted, touched), 1 miss / not found,
  *   2 exists (cas mismatch), 3 not stored, 4 error
- * Item delete reasons (item__delete `reason`; server/storage/items.h):
+ * Item delete reasons (item__delete `reason`; server/storage/life.h):
  *   0 delete, 1 expire, 2 evict, 3 replace (overwritten by a store),
  *   4 flush (invalidated by flush_all)
  * Lock names (lock__wait__* `name`; server/core/lock.h):

@@ -124,8 +124,8 @@ def test_statuses() -> None:
 
 
 def test_item_delete_reasons() -> None:
-    """item__delete's reasons: enum delete_reason of server/storage/items.h, as kvs.d numbers them."""
-    c = members(SERVER / "storage" / "items.h", "delete_reason", "DEL_")
+    """item__delete's reasons: enum delete_reason of server/storage/life.h, as kvs.d numbers them."""
+    c = members(SERVER / "storage" / "life.h", "delete_reason", "DEL_")
     assert c == doc_numbered("Item delete reasons", "Lock names")
 
 

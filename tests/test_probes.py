@@ -67,7 +67,7 @@ def _enum(path: Path, enum: str, prefix: str) -> dict[str, int]:
 SERVER = REPO / "server"
 OPCODES = {name: n for n, name in opcode_names().items()}
 STATUS = _enum(SERVER / "opcodes.h", "op_status", "OPS_")
-REASONS = _enum(SERVER / "storage" / "items.h", "delete_reason", "DEL_")
+REASONS = _enum(SERVER / "storage" / "life.h", "delete_reason", "DEL_")
 LOCK_NAMES = [e[1] for e in cdefs.x_macro(SERVER / "core" / "lock.h", "KV_LOCK_NAMES")]
 SITES = ["collect_timings", "on_create_item", "on_delete_item", "account_memory"]
 

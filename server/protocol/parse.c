@@ -90,11 +90,45 @@ static enum parse_status invalid(struct request *req, const char *error)
     return PARSE_EINVALID;
 }
 
-static enum parse_status parse_storage(struct request *req, struct token *tok, size_t ntok)
+/* A command line split into tokens (ntok is MAX_TOKENS + 1 when there were
+ * more than tok holds), and the line itself without its end. */
+struct line {
+    struct token tok[MAX_TOKENS];
+    size_t ntok;
+    const char *s;
+    size_t n;
+};
+
+/* get, gets, gat, gats */
+static enum parse_status parse_get(struct request *req, const struct line *l)
 {
+    /* The key list is not tokenized here: it may hold thousands of keys,
+     * which the processor walks with parse_next_key(). */
+    size_t first = 1;
+    if (req->cmd == CMD_GAT || req->cmd == CMD_GATS) {
+        if (l->ntok < 3)
+            return invalid(req, ERR_UNKNOWN);
+        if (!parse_i64(l->tok[1], &req->exptime))
+            return invalid(req, "CLIENT_ERROR invalid exptime argument\r\n");
+        first = 2;
+    } else if (l->ntok < 2) {
+        return invalid(req, ERR_UNKNOWN);
+    }
+    req->keys = l->tok[first].s;
+    req->nkeys_len = (size_t)(l->s + l->n - l->tok[first].s);
+    return PARSE_OK;
+}
+
+/* set, add, replace, append, prepend, cas */
+static enum parse_status parse_storage(struct request *req, const struct line *l)
+{
+    const struct token *tok = l->tok;
+    size_t ntok = l->ntok;
     bool cas = req->cmd == CMD_CAS;
     size_t base = cas ? 6 : 5;
     uint64_t vlen;
+    if (ntok > MAX_TOKENS)
+        return invalid(req, ERR_UNKNOWN);
     if (ntok != base && !(ntok == base + 1 && is_noreply(tok[base])))
         return invalid(req, ERR_UNKNOWN);
     if (tok[1].n > KEY_MAX_LENGTH)
@@ -109,120 +143,120 @@ static enum parse_status parse_storage(struct request *req, struct token *tok, s
     return PARSE_OK;
 }
 
-/* "<command> <key> <argument> [noreply]" (incr, decr, touch): the token
- * count, the key and noreply; the caller parses the argument, tok[2]. */
-static enum parse_status parse_key_arg(struct request *req, struct token *tok, size_t ntok)
+static enum parse_status parse_delete(struct request *req, const struct line *l)
 {
-    if (ntok != 3 && !(ntok == 4 && is_noreply(tok[3])))
+    const struct token *tok = l->tok;
+    size_t ntok = l->ntok;
+    if (ntok < 2 || ntok > 4)
         return invalid(req, ERR_UNKNOWN);
     if (tok[1].n > KEY_MAX_LENGTH)
         return invalid(req, ERR_FORMAT);
     req->key = tok[1].s;
     req->nkey = tok[1].n;
-    req->noreply = ntok == 4;
+    req->noreply = is_noreply(tok[ntok - 1]);
+    /* "delete <key> 0" is accepted for old clients; any other time is not */
+    if (ntok - 2 - req->noreply > 1 || (ntok - 2 - req->noreply == 1 && !(tok[2].n == 1 && tok[2].s[0] == '0')))
+        return invalid(req, "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n");
     return PARSE_OK;
 }
 
-static enum parse_status parse_tokens(struct request *req, const char *line, size_t n)
+/* "<command> <key> <argument> [noreply]" (incr, decr, touch): the token
+ * count, the key and noreply; the caller parses the argument, tok[2]. */
+static enum parse_status parse_key_arg(struct request *req, const struct line *l)
 {
-    struct token tok[MAX_TOKENS];
-    size_t ntok = tokenize(line, n, tok);
-    if (ntok == 0)
+    if (l->ntok != 3 && !(l->ntok == 4 && is_noreply(l->tok[3])))
         return invalid(req, ERR_UNKNOWN);
+    if (l->tok[1].n > KEY_MAX_LENGTH)
+        return invalid(req, ERR_FORMAT);
+    req->key = l->tok[1].s;
+    req->nkey = l->tok[1].n;
+    req->noreply = l->ntok == 4;
+    return PARSE_OK;
+}
 
+/* incr, decr */
+static enum parse_status parse_arith(struct request *req, const struct line *l)
+{
+    if (parse_key_arg(req, l) != PARSE_OK)
+        return PARSE_EINVALID;
+    if (!parse_u64(l->tok[2], &req->delta))
+        return invalid(req, "CLIENT_ERROR invalid numeric delta argument\r\n");
+    return PARSE_OK;
+}
+
+static enum parse_status parse_touch(struct request *req, const struct line *l)
+{
+    if (parse_key_arg(req, l) != PARSE_OK)
+        return PARSE_EINVALID;
+    if (!parse_i64(l->tok[2], &req->exptime))
+        return invalid(req, "CLIENT_ERROR invalid exptime argument\r\n");
+    return PARSE_OK;
+}
+
+static enum parse_status parse_flush_all(struct request *req, const struct line *l)
+{
+    size_t ntok = l->ntok;
+    if (ntok > 3)
+        return invalid(req, ERR_UNKNOWN);
+    req->noreply = ntok > 1 && is_noreply(l->tok[ntok - 1]);
+    req->exptime = 0;
+    if (ntok - req->noreply == 2 && !parse_i64(l->tok[1], &req->exptime))
+        return invalid(req, ERR_FORMAT);
+    if (ntok == 3 && !req->noreply)
+        return invalid(req, ERR_UNKNOWN);
+    return PARSE_OK;
+}
+
+static enum parse_status parse_verbosity(struct request *req, const struct line *l)
+{
+    /* as memcached: one or two arguments, a trailing noreply honoured */
+    if (l->ntok < 2 || l->ntok > 3)
+        return invalid(req, ERR_UNKNOWN);
+    req->noreply = is_noreply(l->tok[l->ntok - 1]);
+    return PARSE_OK;
+}
+
+/* version, quit: memcached ignores anything after these */
+static enum parse_status parse_bare(struct request *req, const struct line *l)
+{
+    (void)req;
+    (void)l;
+    return PARSE_OK;
+}
+
+static enum parse_status parse_stats(struct request *req, const struct line *l)
+{
+    if (l->ntok > 2)
+        return invalid(req, ERR_UNKNOWN);
+    req->arg = l->ntok == 2 ? l->tok[1].s : NULL;
+    req->narg = l->ntok == 2 ? l->tok[1].n : 0;
+    return PARSE_OK;
+}
+
+static enum parse_status (*const parsers[CMD_MAX])(struct request *, const struct line *) = {
+    [CMD_GET] = parse_get,         [CMD_GETS] = parse_get,         [CMD_GAT] = parse_get,
+    [CMD_GATS] = parse_get,        [CMD_SET] = parse_storage,      [CMD_ADD] = parse_storage,
+    [CMD_REPLACE] = parse_storage, [CMD_APPEND] = parse_storage,   [CMD_PREPEND] = parse_storage,
+    [CMD_CAS] = parse_storage,     [CMD_DELETE] = parse_delete,    [CMD_INCR] = parse_arith,
+    [CMD_DECR] = parse_arith,      [CMD_TOUCH] = parse_touch,      [CMD_FLUSH_ALL] = parse_flush_all,
+    [CMD_VERSION] = parse_bare,    [CMD_VERBOSITY] = parse_verbosity, [CMD_QUIT] = parse_bare,
+    [CMD_STATS] = parse_stats,
+};
+
+static enum parse_status parse_tokens(struct request *req, const char *s, size_t n)
+{
+    struct line l = {.s = s, .n = n};
+    l.ntok = tokenize(s, n, l.tok);
+    if (l.ntok == 0)
+        return invalid(req, ERR_UNKNOWN);
     int cmd = -1;
     for (int i = 0; i < CMD_MAX; i++)
-        if (tok[0].n == commands[i].len && memcmp(tok[0].s, commands[i].name, tok[0].n) == 0)
+        if (l.tok[0].n == commands[i].len && memcmp(l.tok[0].s, commands[i].name, l.tok[0].n) == 0)
             cmd = i;
-    if (cmd < 0)
+    if (cmd < 0 || parsers[cmd] == NULL)
         return invalid(req, ERR_UNKNOWN);
     req->cmd = (enum command)cmd;
-
-    switch (req->cmd) {
-    case CMD_GET:
-    case CMD_GETS:
-    case CMD_GAT:
-    case CMD_GATS: {
-        /* The key list is not tokenized here: it may hold thousands of keys,
-         * which the processor walks with parse_next_key(). */
-        size_t first = 1;
-        if (req->cmd == CMD_GAT || req->cmd == CMD_GATS) {
-            if (ntok < 3)
-                return invalid(req, ERR_UNKNOWN);
-            if (!parse_i64(tok[1], &req->exptime))
-                return invalid(req, "CLIENT_ERROR invalid exptime argument\r\n");
-            first = 2;
-        } else if (ntok < 2) {
-            return invalid(req, ERR_UNKNOWN);
-        }
-        req->keys = tok[first].s;
-        req->nkeys_len = (size_t)(line + n - tok[first].s);
-        return PARSE_OK;
-    }
-    case CMD_SET:
-    case CMD_ADD:
-    case CMD_REPLACE:
-    case CMD_APPEND:
-    case CMD_PREPEND:
-    case CMD_CAS:
-        if (ntok > MAX_TOKENS)
-            return invalid(req, ERR_UNKNOWN);
-        return parse_storage(req, tok, ntok);
-    case CMD_DELETE:
-        if (ntok < 2 || ntok > 4)
-            return invalid(req, ERR_UNKNOWN);
-        if (tok[1].n > KEY_MAX_LENGTH)
-            return invalid(req, ERR_FORMAT);
-        req->key = tok[1].s;
-        req->nkey = tok[1].n;
-        req->noreply = is_noreply(tok[ntok - 1]);
-        /* "delete <key> 0" is accepted for old clients; any other time is not */
-        if (ntok - 2 - req->noreply > 1 ||
-            (ntok - 2 - req->noreply == 1 && !(tok[2].n == 1 && tok[2].s[0] == '0')))
-            return invalid(req, "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n");
-        return PARSE_OK;
-    case CMD_INCR:
-    case CMD_DECR:
-        if (parse_key_arg(req, tok, ntok) != PARSE_OK)
-            return PARSE_EINVALID;
-        if (!parse_u64(tok[2], &req->delta))
-            return invalid(req, "CLIENT_ERROR invalid numeric delta argument\r\n");
-        return PARSE_OK;
-    case CMD_TOUCH:
-        if (parse_key_arg(req, tok, ntok) != PARSE_OK)
-            return PARSE_EINVALID;
-        if (!parse_i64(tok[2], &req->exptime))
-            return invalid(req, "CLIENT_ERROR invalid exptime argument\r\n");
-        return PARSE_OK;
-    case CMD_FLUSH_ALL:
-        if (ntok > 3)
-            return invalid(req, ERR_UNKNOWN);
-        req->noreply = ntok > 1 && is_noreply(tok[ntok - 1]);
-        req->exptime = 0;
-        if (ntok - req->noreply == 2 && !parse_i64(tok[1], &req->exptime))
-            return invalid(req, ERR_FORMAT);
-        if (ntok == 3 && !req->noreply)
-            return invalid(req, ERR_UNKNOWN);
-        return PARSE_OK;
-    case CMD_VERBOSITY:
-        /* as memcached: one or two arguments, a trailing noreply honoured */
-        if (ntok < 2 || ntok > 3)
-            return invalid(req, ERR_UNKNOWN);
-        req->noreply = is_noreply(tok[ntok - 1]);
-        return PARSE_OK;
-    case CMD_VERSION:
-    case CMD_QUIT:
-        return PARSE_OK; /* memcached ignores anything after these */
-    case CMD_STATS:
-        if (ntok > 2)
-            return invalid(req, ERR_UNKNOWN);
-        req->arg = ntok == 2 ? tok[1].s : NULL;
-        req->narg = ntok == 2 ? tok[1].n : 0;
-        return PARSE_OK;
-    case CMD_MAX:
-        break;
-    }
-    return invalid(req, ERR_UNKNOWN);
+    return parsers[cmd](req, &l);
 }
 
 enum parse_status parse_request(const char *buf, size_t len, struct request *req)

@@ -40,4 +40,10 @@ static inline const char *item_ckey(const item *it) { return it->data; }
 static inline char *item_value(item *it) { return it->data + it->nkey; }
 static inline const char *item_cvalue(const item *it) { return it->data + it->nkey; }
 
+/* The flags are read without the item's stripe lock (eviction tries it
+ * only after looking), hence atomics. */
+static inline int iflag_test(const item *it, uint8_t f) { return __atomic_load_n(&it->iflags, __ATOMIC_RELAXED) & f; }
+static inline void iflag_set(item *it, uint8_t f) { __atomic_fetch_or(&it->iflags, f, __ATOMIC_RELAXED); }
+static inline void iflag_clear(item *it, uint8_t f) { __atomic_fetch_and(&it->iflags, (uint8_t)~f, __ATOMIC_RELAXED); }
+
 #endif

@@ -4,25 +4,12 @@
 #include <string.h>
 
 #include "core/lock.h"
-#include "stats/sites.h"
+#include "storage/hash.h"
+#include "storage/life.h"
 #include "storage/slabs.h"
-#include "trace.h"
 #include "util.h"
 
-#define STRIPES 1024u          /* item lock stripes, power of two */
-#define EVICT_SEARCH_MAX 50    /* LRU tail items looked at per allocation */
-
-static item **buckets;
-static uint64_t hmask;
-static kv_padded_lock_t stripes[STRIPES];
-static uint64_t flush_at; /* ns; 0: no flush pending or done */
 static __thread uint64_t cas_counter;
-
-static inline kv_lock_t *stripe_of(uint64_t hv) { return &stripes[(hv & hmask) & (STRIPES - 1)].lock; }
-
-static inline int iflag_test(const item *it, uint8_t f) { return __atomic_load_n(&it->iflags, __ATOMIC_RELAXED) & f; }
-static inline void iflag_set(item *it, uint8_t f) { __atomic_fetch_or(&it->iflags, f, __ATOMIC_RELAXED); }
-static inline void iflag_clear(item *it, uint8_t f) { __atomic_fetch_and(&it->iflags, (uint8_t)~f, __ATOMIC_RELAXED); }
 
 uint64_t items_next_cas(void)
 {
@@ -30,79 +17,13 @@ uint64_t items_next_cas(void)
     return (++cas_counter << 8) | ((uint64_t)kv_thread_idx & 0xff);
 }
 
-/* Why a linked item is no longer valid at `now`, or -1 if it is. */
-static int dead_reason(const item *it, uint64_t now)
-{
-    if (it->exp_ns != 0 && it->exp_ns <= now)
-        return DEL_EXPIRE;
-    uint64_t fa = __atomic_load_n(&flush_at, __ATOMIC_RELAXED);
-    if (fa != 0 && fa <= now && it->time_ns <= fa)
-        return DEL_FLUSH;
-    return -1;
-}
-
-/* The general design of --key-compare indirect: an ordering comparison
- * (as a sorted structure would need) called through a pointer for every item
- * of the chain, lengths compared only after the bytes. */
-static int key_order(const char *a, size_t na, const char *b, size_t nb)
-{
-    int c = memcmp(a, b, na < nb ? na : nb);
-    return c != 0 ? c : (na > nb) - (na < nb);
-}
-
-static enum key_compare key_mode = KEY_COMPARE_INLINE;
-static int (*key_cmp)(const char *, size_t, const char *, size_t); /* set by items_setup */
-
-const char *key_compare_name(enum key_compare mode)
-{
-    return mode == KEY_COMPARE_INDIRECT ? "indirect" : "inline";
-}
-
-enum key_compare items_key_compare(void) { return key_mode; }
-
-static item *find_locked(const char *key, uint8_t nkey, uint64_t hv)
-{
-    if (key_mode == KEY_COMPARE_INDIRECT) {
-        for (item *it = buckets[hv & hmask]; it != NULL; it = it->hnext)
-            if (key_cmp(item_ckey(it), it->nkey, key, nkey) == 0)
-                return it;
-        return NULL;
-    }
-    for (item *it = buckets[hv & hmask]; it != NULL; it = it->hnext)
-        if (it->nkey == nkey && memcmp(item_ckey(it), key, nkey) == 0)
-            return it;
-    return NULL;
-}
-
-static void hash_remove(item *it)
-{
-    item **pp = &buckets[it->hv & hmask];
-    while (*pp != it)
-        pp = &(*pp)->hnext;
-    *pp = it->hnext;
-    it->hnext = NULL;
-}
-
-static void on_linked(item *it)
-{
-    on_create_item();
-    account_memory((int64_t)item_size(it));
-    KVS_ITEM_CREATE(it, item_size(it));
-}
-
-static void on_unlinked(item *it, int reason)
-{
-    on_delete_item();
-    account_memory(-(int64_t)item_size(it));
-    KVS_ITEM_DELETE(it, item_size(it), reason);
-}
+enum key_compare items_key_compare(void) { return hash.mode; }
 
 /* With the stripe lock held: into the hash table and its class's LRU. */
 static void link_locked(item *it)
 {
     slabclass_t *c = slabs_class(it->clsid);
-    it->hnext = buckets[it->hv & hmask];
-    buckets[it->hv & hmask] = it;
+    hash_insert(it);
     kv_lock(&c->lock);
     lru_link_locked(c, it);
     kv_unlock(&c->lock);
@@ -124,147 +45,11 @@ static void unlink_locked(item *it, int reason)
     kv_unlock(&c->lock);
 }
 
-/* With the class lock held: reuse the chunk of an item from the LRU tail.
- * Expired and flushed items go first; an item read since eviction last saw
- * it gets a second chance at the head (CLOCK). The victim's stripe lock is
- * only tried: the usual order is stripe -> class, so blocking here could
- * deadlock. */
-static item *evict_locked(slabclass_t *c)
-{
-    uint64_t now = now_ns();
-    item *search = c->tail;
-    for (int tries = 0; search != NULL && tries < EVICT_SEARCH_MAX; tries++) {
-        item *prev = search->prev;
-        int reason = dead_reason(search, now);
-        if (reason < 0 && iflag_test(search, ITEM_ACTIVE)) {
-            iflag_clear(search, ITEM_ACTIVE);
-            lru_unlink_locked(c, search);
-            lru_link_locked(c, search);
-            search = prev;
-            continue;
-        }
-        kv_lock_t *l = stripe_of(search->hv);
-        if (!kv_trylock(l)) {
-            search = prev;
-            continue;
-        }
-        hash_remove(search);
-        kv_unlock(l);
-        lru_unlink_locked(c, search);
-        if (reason < 0) {
-            reason = DEL_EVICT;
-            c->evicted++;
-        } else {
-            c->reclaimed++;
-            if (reason == DEL_EXPIRE && !iflag_test(search, ITEM_FETCHED))
-                c->expired_unfetched++;
-        }
-        on_unlinked(search, reason);
-        return search;
-    }
-    return NULL;
-}
-
-/* Empties one page of another class and gives it to class `to`: without
- * this, once the limit is reached a value of a size never seen before could
- * never be stored (memcached's slab rebalancing, done inline and rarely).
- * Every item on the page must be linked or free; one that is in flight (a
- * value still arriving) or whose stripe lock is held makes it give up, and
- * what it already evicted stays as free chunks of the victim. */
-static int move_page_to(unsigned to)
-{
-    int moved = 0;
-    slabs_move_lock();
-    unsigned v = slabs_pick_victim(to);
-    slabclass_t *victim = v ? slabs_class(v) : NULL;
-    for (unsigned n = 0; victim != NULL && n < 3 && !moved; n++) {
-        kv_lock(&victim->lock);
-        char *page = slabs_class_page(v, n);
-        int ok = page != NULL;
-        uint64_t now = now_ns();
-        for (uint32_t i = 0; ok && i < victim->perslab; i++) {
-            item *it = (item *)(page + (size_t)i * victim->size);
-            if (iflag_test(it, ITEM_FREE))
-                continue;
-            kv_lock_t *l = stripe_of(it->hv);
-            if (!iflag_test(it, ITEM_LINKED) || !kv_trylock(l)) {
-                ok = 0;
-                break;
-            }
-            int reason = dead_reason(it, now);
-            hash_remove(it);
-            kv_unlock(l);
-            lru_unlink_locked(victim, it);
-            if (reason < 0) {
-                reason = DEL_EVICT;
-                victim->evicted++;
-            } else {
-                victim->reclaimed++;
-            }
-            on_unlinked(it, reason);
-            slabs_free_chunk_locked(victim, it);
-        }
-        if (ok)
-            slabs_release_page_locked(victim, page);
-        kv_unlock(&victim->lock);
-        if (ok) {
-            slabs_adopt_page(to, page);
-            moved = 1;
-        }
-    }
-    slabs_move_unlock();
-    return moved;
-}
-
-item *items_alloc(const char *key, uint8_t nkey, uint32_t flags, uint64_t exp_ns, uint32_t nbytes)
-{
-    unsigned clsid = slabs_clsid(item_ntotal(nkey, nbytes));
-    if (clsid == 0)
-        return NULL;
-    slabclass_t *c = slabs_class(clsid);
-    kv_lock(&c->lock);
-    item *it = slabs_take_chunk_locked(c);
-    if (it == NULL)
-        it = evict_locked(c);
-    kv_unlock(&c->lock);
-    if (it == NULL && move_page_to(clsid)) {
-        kv_lock(&c->lock);
-        it = slabs_take_chunk_locked(c);
-        kv_unlock(&c->lock);
-    }
-    if (it == NULL) {
-        kv_lock(&c->lock);
-        c->outofmemory++;
-        kv_unlock(&c->lock);
-        return NULL;
-    }
-    it->hnext = it->prev = it->next = NULL;
-    it->cas = 0;
-    it->time_ns = 0;
-    it->exp_ns = exp_ns;
-    it->flags = flags;
-    it->nbytes = nbytes;
-    it->nkey = nkey;
-    it->clsid = (uint8_t)clsid;
-    it->iflags = 0;
-    it->hv = 0;
-    memcpy(item_key(it), key, nkey);
-    return it;
-}
-
-void items_abandon(item *it)
-{
-    slabclass_t *c = slabs_class(it->clsid);
-    kv_lock(&c->lock);
-    slabs_free_chunk_locked(c, it);
-    kv_unlock(&c->lock);
-}
-
 /* The live item for a key, with its stripe lock held; a dead one is
  * unlinked on the way and reported in *why. */
 static item *lookup_locked(const char *key, uint8_t nkey, uint64_t hv, uint64_t now, int *why)
 {
-    item *it = find_locked(key, nkey, hv);
+    item *it = hash_find(key, nkey, hv);
     *why = -1;
     if (it != NULL && (*why = dead_reason(it, now)) >= 0) {
         unlink_locked(it, *why);
@@ -451,7 +236,7 @@ enum arith_result items_arith(const char *key, uint8_t nkey, uint64_t hv, int in
     return r;
 }
 
-void items_flush(uint64_t at_ns) { __atomic_store_n(&flush_at, at_ns ? at_ns : 1, __ATOMIC_RELAXED); }
+void items_flush(uint64_t at_ns) { __atomic_store_n(&items_flush_at, at_ns ? at_ns : 1, __ATOMIC_RELAXED); }
 
 void items_totals(struct items_totals *out)
 {
@@ -470,27 +255,13 @@ void items_totals(struct items_totals *out)
 
 int items_setup(size_t mem_limit, size_t item_size_max, enum key_compare mode)
 {
-    key_mode = mode;
-    key_cmp = mode == KEY_COMPARE_INDIRECT ? key_order : NULL;
     if (slabs_setup(mem_limit, item_size_max) != 0)
         return -1;
-    unsigned power = 16;
-    while (power < 24 && (1ull << power) < mem_limit / 128)
-        power++;
-    buckets = calloc(1ull << power, sizeof(item *));
-    if (buckets == NULL)
-        return -1;
-    hmask = (1ull << power) - 1;
-    for (unsigned i = 0; i < STRIPES; i++)
-        lock_init(&stripes[i].lock, LOCK_ITEM);
-    return 0;
+    return hash_setup(mem_limit, mode);
 }
 
 void items_teardown(void)
 {
-    for (unsigned i = 0; i < STRIPES; i++)
-        lock_destroy(&stripes[i].lock);
-    free(buckets);
-    buckets = NULL;
+    hash_teardown();
     slabs_teardown();
 }

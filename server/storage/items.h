@@ -1,5 +1,7 @@
-/* The cache: a hash table of items with striped locks (`item_lock`), on top
- * of the slab allocator. Every access to an item's bytes happens under its
+/* The cache: what the commands do to items (get, store, delete, touch,
+ * incr/decr, flush_all) in a hash table with striped locks (`item_lock`,
+ * storage/hash.h), on top of the slab allocator (slabs.h) and its
+ * eviction (evict.h). Every access to an item's bytes happens under its
  * stripe lock, and items are only freed under it, so no reference counts are
  * needed: a get copies the value out while it holds the lock. */
 #ifndef KV_ITEMS_H
@@ -8,20 +10,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "storage/evict.h"
+#include "storage/hash.h"
 #include "storage/item.h"
 
 enum store_op { STORE_SET, STORE_ADD, STORE_REPLACE, STORE_APPEND, STORE_PREPEND, STORE_CAS };
 enum store_result { STORE_STORED, STORE_NOT_STORED, STORE_EXISTS, STORE_NOT_FOUND, STORE_NO_MEMORY };
 enum lookup_result { LOOKUP_HIT, LOOKUP_MISS, LOOKUP_EXPIRED, LOOKUP_FLUSHED };
 enum arith_result { ARITH_OK, ARITH_NOT_FOUND, ARITH_NON_NUMERIC, ARITH_NO_MEMORY };
-/* item__delete reasons, as documented in probes/kvs.d */
-enum delete_reason { DEL_DELETE, DEL_EXPIRE, DEL_EVICT, DEL_REPLACE, DEL_FLUSH };
-
-/* How the hash lookup compares keys (--key-compare): INLINE checks the
- * length, then memcmp, in the loop; INDIRECT calls a general ordering
- * comparison through a function pointer for every item of the chain. */
-enum key_compare { KEY_COMPARE_INLINE, KEY_COMPARE_INDIRECT };
-const char *key_compare_name(enum key_compare mode);
+/* --key-compare (enum key_compare: storage/hash.h) */
 enum key_compare items_key_compare(void);
 
 int items_setup(size_t mem_limit, size_t item_size_max, enum key_compare mode);
@@ -35,11 +32,7 @@ typedef void (*item_copy_fn)(void *ctx, const item *it);
 enum lookup_result items_get(const char *key, uint8_t nkey, uint64_t hv, uint64_t now,
                              const uint64_t *touch_exp, item_copy_fn copy, void *ctx);
 
-/* A chunk for a new item with its key copied in; the caller fills the value
- * (item_value(), nbytes + "\r\n") then calls items_store or items_abandon.
- * NULL: out of memory (nothing could be evicted). */
-item *items_alloc(const char *key, uint8_t nkey, uint32_t flags, uint64_t exp_ns, uint32_t nbytes);
-void items_abandon(item *it);
+/* items_alloc() and items_abandon(): storage/evict.h. */
 /* Links `it` according to `op`, or frees it. `hv` is kv_hash() of the key. */
 enum store_result items_store(item *it, enum store_op op, uint64_t cas_in, uint64_t hv, uint64_t now);
 
