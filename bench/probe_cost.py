@@ -95,8 +95,9 @@ def main() -> int:
             exe = build(tmp)
             print(f"kernel {os.uname().release}; {args.rounds} rounds of {args.iterations:,} events each")
             print(f"{'event':<34} {'per event':>10} {'of it BPF':>10} {'kernel':>8}  (spread of rounds)")
-            for mode, label in (("nop5", "uprobe, 5-byte nop (optimized)"), ("int3", "uprobe, 1-byte nop (int3)"),
-                                ("syscall", "syscall with raw tp sys_enter")):  # fmt: skip
+            kinds = (("nop5", "uprobe, 5-byte nop (optimized)"), ("int3", "uprobe, 1-byte nop (int3)"),
+                     ("syscall", "syscall with raw tp sys_enter"))  # fmt: skip
+            for mode, label in kinds:
                 deltas, prog = measure(exe, mode, args.iterations, args.rounds)
                 med = statistics.median(deltas)
                 print(f"{label:<34} {med:>8.0f} ns {prog:>7.0f} ns {med - prog:>5.0f} ns"
