@@ -12,7 +12,7 @@
  * for atomic__sample, per site. Lock probes fire only on the contended path
  * (the trylock failed), so an uncontended lock costs nothing extra;
  * lock__wait__done fires for every contended wait of 16384 ns or more and
- * for one shorter wait in N (`--lock-sample N`, default 16), after the lock
+ * for one shorter wait in N (`--lock-sample N`, default 64), after the lock
  * was released.
  *
  * The tables below are defined in kvcached's sources and copied here for a
