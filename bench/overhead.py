@@ -93,11 +93,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kvprof import demo  # noqa: E402
 from kvprof.analysis.own_cost import own_cost  # noqa: E402
 from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
 from kvprof.model.profile import Profile  # noqa: E402
+from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import Server, kvload_binary, start_kvcached  # noqa: E402
 
 LOAD = ["--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]  # + --num-threads

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kvprof import demo  # noqa: E402
+from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

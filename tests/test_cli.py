@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support import REPO, kvprof
@@ -19,7 +20,7 @@ from kvprof.collect import CollectOptions
 @pytest.mark.parametrize(
     ("argv", "where"),
     [
-        (["record", "-p", "1"], "kvprof.record:RecordOptions"),
+        (["record", "-p", "1"], "kvprof.commands.record:RecordOptions"),
         (["top", "-p", "1"], "kvprof.tui.run:TopOptions"),
         (["exporter", "-p", "1"], "kvprof.commands.exporter:ExporterOptions"),
     ],
@@ -87,6 +88,48 @@ def test_building_the_parser_loads_no_stage() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     later = ("kvprof.analysis", "kvprof.views", "kvprof.export", "kvprof.system", "kvprof.bench",
-             "kvprof.record", "kvprof.collect.session", "bcc", "textual", "pyperf")  # fmt: skip
+             "kvprof.collect.session", "bcc", "textual", "pyperf")  # fmt: skip
     loaded = [m for m in json.loads(done.stdout) if m.startswith(later)]
     assert not loaded, loaded
+
+
+GONE = "999999999"  # no such process: above the kernel's pid_max
+# Every command's bad input, as applicable: a PID that is not one or is no process, a
+# file that is not there, a flag value out of range. Each is told in one line, exit 2.
+BAD_INPUT: dict[str, list[list[str]]] = {
+    "demo": [["-d", "0"], ["-t", "0"], ["--preset", "nope"]],
+    "top": [["-p", "x"], ["-p", GONE], ["--replay", "no-such.json"], ["-p", "1", "-i", "0.1"]],
+    "record": [["-p", "x"], ["-p", GONE, "-d", "1"], ["-p", "1", "--hz", "0"]],
+    "report": [["no-such.json"], ["no-such.json", "--top", "0"]],
+    "flamegraph": [["no-such.json"], ["no-such.json", "--kind", "nope"], ["x.json", "--width", "1"]],
+    "diff": [["no-such.json", "no-such-either.json"], ["a.json", "b.json", "-o", "diff.png"]],
+    "exporter": [["-p", "x"], ["-p", GONE], ["-p", "1", "--listen", "nope"], ["-p", "1", "--top", "0"]],
+    "bench": [["--compare", "no-such.json", "no-such-either.json"], ["--runs", "1"]],
+    "doctor": [["-p", "x"], ["-p", GONE]],
+    "probes": [["-p", "x"], ["-p", GONE], ["-p", GONE, "-d", "-1"], []],
+}
+
+
+def test_bad_input_covers_every_command() -> None:
+    from kvprof.cli import COMMANDS
+
+    assert sorted(BAD_INPUT) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "argv", [[name, *args] for name, cases in BAD_INPUT.items() for args in cases], ids=" ".join
+)
+def test_bad_input_is_one_line_and_status_2(argv: list[str], tmp_path: Path) -> None:
+    """A bad PID, a missing file or a bad flag value: one line `kvprof CMD: why` (after
+    argparse's usage for a flag; top adds the doctor hint when BPF cannot work here), no
+    traceback, nothing on stdout, exit 2."""
+    done = kvprof(*argv, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == "", done.stderr
+    lines = done.stderr.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("kvprof")]
+    assert len(said) == 1 and lines[said[0]].startswith(f"kvprof {argv[0]}: "), done.stderr
+    before, after = lines[: said[0]], lines[said[0] + 1 :]
+    assert not before or before[0].startswith("usage: "), done.stderr
+    hint = argv[0] == "top" and len(after) == 1 and after[0].lstrip().startswith("`kvprof doctor`")
+    assert not after or hint, done.stderr

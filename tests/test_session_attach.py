@@ -19,7 +19,8 @@ import pytest
 from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded, wait_until
 
 from kvprof.collect import ATTACH_NICE, CollectOptions
-from kvprof.collect.session import ALL_COLLECTORS, Session
+from kvprof.collect.session import ALL_COLLECTORS
+from kvprof.system.attach import open_session
 from kvprof.system.servers import Server
 
 pytestmark = pytest.mark.bpf
@@ -55,7 +56,7 @@ def test_states_in_order_and_one_module(kvcached_factory: Callable[..., Server])
         nices.add(nice())
 
     before = nice()
-    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    s = open_session(server.pid, ALL_COLLECTORS, CollectOptions())
     try:
         s.start(on_state=on_state)
         assert nice() == before, "the attaching thread's priority is restored"
@@ -80,7 +81,7 @@ def test_close_from_another_thread_while_attaching(
     before = our_bpf_fds()
     reached = threading.Event()
     trigger = ("oncpu", "compiling") if when == "compiling" else ("cachelines", "attaching")
-    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    s = open_session(server.pid, ALL_COLLECTORS, CollectOptions())
     loaded: set[int] = set()
     errors: list[BaseException] = []
 
@@ -123,7 +124,7 @@ def test_ctrl_c_while_attaching_leaves_nothing(
         if (name, state) == at:
             raise KeyboardInterrupt
 
-    s = Session(server.pid, ALL_COLLECTORS, CollectOptions())
+    s = open_session(server.pid, ALL_COLLECTORS, CollectOptions())
     with pytest.raises(KeyboardInterrupt):
         s.start(on_state=on_state)
     assert not s.active
@@ -143,7 +144,7 @@ def test_a_program_that_does_not_compile_sinks_only_its_collector(
 
     monkeypatch.setattr(RequestsCollector, "program", broken)
     server = kvcached_factory("-t", "2")
-    with Session(server.pid, ALL_COLLECTORS, CollectOptions()) as s:
+    with open_session(server.pid, ALL_COLLECTORS, CollectOptions()) as s:
         assert s.status.collectors["requests"].startswith("failed: cannot compile requests: "), s.status
         assert "undeclared" in s.status.collectors["requests"] and "\n" not in s.status.collectors["requests"]
         assert {n for n, st in s.status.collectors.items() if st == "ok"} == set(ALL_COLLECTORS) - {

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from kvprof import demo  # noqa: E402
+from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
 from kvprof.tui.app import VIEWS, TopApp  # noqa: E402
 from kvprof.tui.sources import LiveSource  # noqa: E402

@@ -290,7 +290,7 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
         _, after = results.load(new)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"kvprof bench: cannot read {old} / {new}: {e}", file=sys.stderr)
-        return 1
+        return 2  # as every command whose input file is missing
     lines = ["kvprof bench --compare", f"old: {old}", f"new: {new}"]
     lines += table.render_compare(before, after)
     print("\n".join(lines), file=out, flush=True)

@@ -21,10 +21,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
 
 from kvprof.bench import BenchError
@@ -42,6 +40,7 @@ from kvprof.bench.loadgen import (
 from kvprof.bench.machine import children_cpu_s, cpu_times, process_cpu_s, wait_idle
 from kvprof.bench.placement import Placement
 from kvprof.bench.variants import KVLOAD, MEMCACHED, MEMCASLAP, Plan, ServerConfig, Variant
+from kvprof.system.attach import stop_on_signals
 from kvprof.system.servers import Server, TargetError, start_kvcached, start_memcached
 
 RUN_SLACK_S = 30.0  # a run that outlives its duration by this much is stopped and reported
@@ -140,23 +139,6 @@ def _die_with_parent() -> None:
     os.setsid()  # and a Ctrl-C meant for the bench is the bench's to handle
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop the bench the way Ctrl-C does."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    for sig in old:
-        signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 class Bench:
@@ -324,7 +306,7 @@ class Bench:
     def run(self, runs: int, duration: float, warmup: float, wait_idle: bool = False) -> list[VariantRuns]:
         """Start, populate, warm up, then `runs` interleaved rounds; Interrupted keeps complete rounds."""
         results: list[VariantRuns] = []
-        with _sigterm_as_interrupt():
+        with stop_on_signals(signal.SIGHUP):  # SIGTERM and SIGHUP stop it as Ctrl-C does
             try:
                 self.start()
                 for v in self.plan.variants:

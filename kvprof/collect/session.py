@@ -1,6 +1,6 @@
 """A profiling session: a set of collectors attached to one process.
 
-    with Session(pid, ["oncpu", "locks"], CollectOptions()) as s:
+    with open_session(pid, ["oncpu", "locks"], CollectOptions()) as s:
         for snapshot in s.run(duration=10, interval=1.0):
             ...            # a cumulative Profile every interval
         profile = s.snapshot()
@@ -10,11 +10,14 @@ start() compiles the programs of all the BPF collectors as one BCC module
 collector, so one broken program fails only its collector), then attaches
 each; `start(on_state=...)` hears every collector's state as it changes.
 The contract the collectors follow is in kvprof/collect/__init__.py.
+kvprof.system.attach.open_session() makes the Session: it reads the target
+from /proc and says in one line why it cannot be traced; a Session itself
+reads nothing until start().
 
 The session owns the collectors' lifetimes: every one that started is
-closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`), on
-SIGTERM (turned into KeyboardInterrupt while a session is open) and when the
-target dies (run() stops, the last snapshot is marked partial). A collector
+closed on exit, on Ctrl-C (KeyboardInterrupt unwinds through `with`; the
+commands turn SIGTERM into it, kvprof.system.attach.stop_on_signals) and when
+the target dies (run() stops, the last snapshot is marked partial). A collector
 that does not apply to the target, or fails to attach, is recorded in
 Profile.status.collectors with the reason, and the others go on.
 """
@@ -23,12 +26,11 @@ from __future__ import annotations
 
 import os
 import platform
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class
@@ -119,30 +121,23 @@ def _attach_priority() -> Iterator[None]:
 
 
 class Session:
-    def __init__(
-        self,
-        pid: int,
-        collectors: list[str] | tuple[str, ...] = ALL_COLLECTORS,
-        opts: CollectOptions | None = None,
-    ) -> None:
-        unknown = [c for c in collectors if c not in ALL_COLLECTORS]
-        if unknown:
-            raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
-        self.pid = pid
-        self.opts = opts or CollectOptions()
-        self.modules = modules(pid, collectors, self.opts)  # collector name -> its module
+    def __init__(self, target: Target, modules: dict[str, str], opts: CollectOptions) -> None:
+        """The collectors of `modules` (collector name -> its module, modules()) on `target`
+        (describe_target()), not attached yet."""
+        self.pid = target.pid
+        self.opts = opts
+        self.modules = modules
         self.names = list(self.modules)
-        self.target = describe_target(pid)
+        self.target = target
         self.status = Status()
         if self.opts.backend == "perf":
             self.status.collectors.update(dict.fromkeys(ALL_COLLECTORS[1:], PERF_ONLY))
-        self.target_stats = TargetStats(pid)
+        self.target_stats = TargetStats(target.pid)
         self.stats_before: dict[str, dict[str, str]] = {}  # the target's own counters at the window's start
         self.active: list[Any] = []
         self.started_at = 0.0
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
-        self._old_term: Any = None
         self._modules: list[Module] = []  # the compiled BCC modules the active collectors attached to
         # start() may attach collectors in one thread while another reads snapshots
         self._lock = threading.Lock()
@@ -150,7 +145,7 @@ class Session:
         # thread waits for the step under way, so nothing stays attached
         self._attaching = threading.RLock()
         self._closed = False
-        self._meter = Meter(pid)  # what kvprof itself costs over the window
+        self._meter = Meter(target.pid)  # what kvprof itself costs over the window
 
     # ---- lifetime ------------------------------------------------------------
 
@@ -167,10 +162,6 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
-        if threading.current_thread() is threading.main_thread():
-            # only the main thread may set handlers; a program that starts the session
-            # elsewhere (the TUI, from a worker) handles SIGTERM itself and calls close()
-            self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
         at_window: list[Any] = []  # collectors that count from the window's start (reads_once)
         try:
@@ -218,9 +209,6 @@ class Session:
     def closed(self) -> bool:
         """True once close() was called (from any thread)."""
         return self._closed
-
-    def _on_term(self, signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def _begin_window(self) -> None:
         # The window starts once everything is attached: what the first collectors
@@ -335,9 +323,6 @@ class Session:
             while self._modules:
                 self._modules.pop().cleanup()
             self._meter.close()
-        if self._old_term is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._old_term)
-            self._old_term = None
 
     def __enter__(self) -> Session:
         self.start()

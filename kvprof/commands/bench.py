@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvprof.commands import add_seconds, command, number
+from kvprof.commands import add_seconds, command, fail, number
 from kvprof.commands import options as options_of
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
@@ -161,8 +160,7 @@ def _run(args: argparse.Namespace) -> int:
             args.requests,
         ]
         if args.scenario != "study" or any(x is not None for x in others):
-            print("kvprof bench: --compare takes only the two files", file=sys.stderr)
-            return 2
+            return fail("bench", "--compare takes only the two files")
         old, new = args.compare
         return command.compare(old, new)
     opts = replace(
@@ -172,6 +170,5 @@ def _run(args: argparse.Namespace) -> int:
         revs=tuple(args.rev or ()),
     )
     if args.requests and not args.instructions:
-        print("kvprof bench: --requests goes with --instructions", file=sys.stderr)
-        return 2
+        return fail("bench", "--requests goes with --instructions")
     return command.run(opts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from kvprof.commands import command
+from kvprof.commands import add_pid, command, fail
 
 HELP = "check kernel, BPF, headers, tracefs, PMU, unwind information; say what to do"
 
@@ -28,9 +28,7 @@ WIDTH = 80
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = command(commands, "doctor", HELP, DESCRIPTION, EXAMPLES)
-    p.add_argument(
-        "-p", "--pid", type=int, metavar="PID", help="check the unwind information of this process's modules"
-    )
+    add_pid(p, "check the unwind information of this process's modules", required=False)
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(run=run)
 
@@ -50,8 +48,15 @@ def format_check(status: str, name: str, finding: str, fix: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvprof.collect import CollectError
     from kvprof.system import doctor
+    from kvprof.system.attach import target
 
+    if args.pid is not None:
+        try:  # a process kvprof cannot read is said as every command says it
+            target(args.pid)
+        except CollectError as e:
+            return fail("doctor", str(e))
     checks = doctor.run_checks(args.pid)
     if args.json:
         print(doctor.to_json(checks))

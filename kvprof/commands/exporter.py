@@ -9,17 +9,14 @@ that building the parser loads no view and no prometheus_client).
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, fail, number, options
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -194,28 +191,21 @@ def run(opts: ExporterOptions) -> int:
     from prometheus_client.registry import CollectorRegistry
 
     from kvprof.collect import CollectError, CollectOptions
-    from kvprof.collect.session import ALL_COLLECTORS, Session, TargetGone
-
-    def fail(message: str) -> int:
-        print(f"kvprof exporter: {message}", file=sys.stderr)
-        return 2
+    from kvprof.collect.session import TargetGone
+    from kvprof.system.attach import open_session, stop_on_signals
 
     try:
         host, port = parse_listen(opts.listen)
     except ValueError as e:
-        return fail(str(e))
+        return fail("exporter", str(e))
     try:  # py-spy and perf are record's: the exporter reads BPF's counters at every scrape
-        session = Session(
+        session = open_session(
             opts.pid,
-            opts.collectors or ALL_COLLECTORS,
+            opts.collectors,
             CollectOptions(hz=opts.hz, offcpu_sample=opts.offcpu_sample, python=False),
         )
-    except TargetGone as e:
-        return fail(str(e))
-    except PermissionError:
-        return fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
-    if os.geteuid() != 0:
-        return fail("loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
+    except CollectError as e:
+        return fail("exporter", str(e))
     collector = SessionCollector(opts, session)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -223,27 +213,23 @@ def run(opts: ExporterOptions) -> int:
         server, thread = start_http_server(port, host, registry)
     except OSError as e:
         why = "is in use" if e.errno == 98 else f"cannot be bound ({e.strerror or e})"
-        return fail(f"{host}:{port} {why}: choose another with --listen HOST:PORT")
+        return fail("exporter", f"{host}:{port} {why}: choose another with --listen HOST:PORT")
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
     status = 0
-    try:
-        status = _attach_and_wait(
-            opts, session, collector, f"{host if ':' not in host else f'[{host}]'}:{port}"
-        )
-    except KeyboardInterrupt:
-        _say(opts, "kvprof exporter: detaching")
-    except (CollectError, TargetGone) as e:  # no collector attached, or the target left meanwhile
-        status = fail(str(e))
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-        collector.close()
-        signal.signal(signal.SIGTERM, old_term)
+    with stop_on_signals():
+        try:
+            status = _attach_and_wait(
+                opts, session, collector, f"{host if ':' not in host else f'[{host}]'}:{port}"
+            )
+        except KeyboardInterrupt:
+            _say(opts, "kvprof exporter: detaching")
+        except (CollectError, TargetGone) as e:  # no collector attached, or the target left meanwhile
+            status = fail("exporter", str(e))
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+            collector.close()
     if status == 0:
         _say(opts, f"kvprof exporter: detached after {collector.scrapes} scrapes")
     return status

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kvprof.commands import add_seconds, command, number
+from kvprof.commands import add_pid, add_seconds, command, fail, number
+
+if TYPE_CHECKING:
+    from kvprof.system.probes import Listing, Row
 
 HELP = "list the target's USDT probes, semaphore state and live hit rate"
 
@@ -35,7 +37,7 @@ WIDTH = 80
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = command(commands, "probes", HELP, DESCRIPTION, EXAMPLES)
-    p.add_argument("-p", "--pid", type=int, metavar="PID", help="the process to look at (required)")
+    add_pid(p, "the process to look at (required)", required=False)  # not with --ebpf
     add_seconds(p, "-d", "--duration", type=number(float, 0, 3600), default=1.0,
                 help="seconds to count hits for; 0 lists without attaching")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -43,45 +45,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(run=run)
 
 
-@dataclass
-class Row:
-    provider: str
-    name: str
-    semaphore: int
-    semaphore_value: int | None
-    sites: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
-    hits: int | None = None
-    per_sec: float | None = None
-
-    @property
-    def full_name(self) -> str:
-        return f"{self.provider}:{self.name}"
-
-
-def _fail(message: str) -> int:
-    print(f"kvprof probes: {message}", file=sys.stderr)
-    return 1
-
-
-def _may_attach() -> bool:
-    if os.geteuid() == 0:
-        return True
-    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, cap_eff
-
-    caps = cap_eff(Host())
-    return bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
-
-
 def run(args: argparse.Namespace) -> int:
-    from kvprof.collect.elf import (
-        ElfFile,
-        ProbesError,
-        load_bias,
-        open_process,
-        probe_names,
-        read_probes,
-        read_semaphores,
-    )
+    from kvprof.collect import CollectError
+    from kvprof.system.probes import list_probes
 
     if args.ebpf:
         from kvprof.collect import PROBES_DIR
@@ -89,81 +55,24 @@ def run(args: argparse.Namespace) -> int:
         print((PROBES_DIR / "usdt_rate.bpf.c").read_text(), end="")
         return 0
     if args.pid is None:
-        return _fail("give the process with -p PID")
-    pid: int = args.pid
+        return fail("probes", "give the process with -p PID")
     try:
-        process = open_process(pid)
-        elf = ElfFile(process.image)
-        sites = read_probes(elf)
-        if not sites:
-            if args.json:
-                print(json.dumps({"pid": pid, "comm": process.comm, "exe": process.exe, "probes": []}))
-            else:
-                print(f"PID {pid} ({process.comm}): {process.exe} has no USDT probes")
-            return 0
-        bias = load_bias(process, elf)
-        before = read_semaphores(process, sites, bias)
-    except ProbesError as e:
-        return _fail(str(e))
-
-    rows: dict[tuple[str, str], Row] = {}
-    for s in sites:
-        row = rows.setdefault(
-            (s.provider, s.name),
-            Row(s.provider, s.name, s.semaphore, before.get(s.semaphore) if s.semaphore else None),
-        )
-        row.sites.append((s.location, s.arguments))
-
-    window = None
-    skipped: list[tuple[str, str]] = []
-    after: dict[int, int] | None = None
-    if args.duration > 0:
-        if not _may_attach():
-            return _fail(
-                f"counting hits needs root (or CAP_BPF + CAP_PERFMON): sudo kvprof probes -p {pid}; "
-                "-d 0 lists the probes without counting"
-            )
-        from kvprof.collect import CollectError
-        from kvprof.collect.usdt_rate import count_hits
-
-        names = probe_names(sites)
+        listing = list_probes(args.pid)
+        if listing.rows and args.duration > 0:
+            listing.count(args.duration, lambda: _counting(listing, args.duration))
+    except CollectError as e:
+        return fail("probes", str(e))
+    except KeyboardInterrupt:
+        return fail("probes", "interrupted; all probes detached", 130)
+    print(json.dumps(_json(listing)) if args.json else _text(listing))
+    if listing.skipped:
         print(
-            f"Counting hits of {len(names)} USDT probes in {process.comm} PID {pid} "
-            f"for {args.duration:g} s...",
+            f"kvprof probes: counted the first {len(listing.names) - len(listing.skipped)} probes only; "
+            f"not counted: {', '.join(f'{p}:{n}' for p, n in listing.skipped)}",
             file=sys.stderr,
         )
-        try:
-            rates = count_hits(pid, names, args.duration)
-        except CollectError as e:
-            return _fail(str(e))
-        except KeyboardInterrupt:
-            print("kvprof probes: interrupted; all probes detached", file=sys.stderr)
-            return 130
-        window, skipped = rates.window_s, rates.skipped
-        for r in rates.probes:
-            rows[(r.provider, r.name)].hits = r.hits
-            rows[(r.provider, r.name)].per_sec = r.per_sec
-        try:
-            after = read_semaphores(process, sites, bias)
-        except ProbesError:
-            after = None  # the target exited meanwhile
-
-    if args.json:
-        print(json.dumps(_json(process.pid, process.comm, process.exe, elf.pie, bias, window, rows, after)))
-    else:
-        print(_table(process.pid, process.comm, process.exe, elf.pie, bias, window, list(rows.values())))
-    if skipped:
-        print(
-            f"kvprof probes: counted the first {len(names) - len(skipped)} probes only; "
-            f"not counted: {', '.join(f'{p}:{n}' for p, n in skipped)}",
-            file=sys.stderr,
-        )
-    if after is not None and after != before:
-        changed = [
-            r.full_name
-            for r in rows.values()
-            if r.semaphore and after.get(r.semaphore) != before.get(r.semaphore)
-        ]
+    changed = listing.changed()
+    if changed:
         print(
             "kvprof probes: warning: semaphores changed while counting (another tracer?): "
             + ", ".join(changed),
@@ -172,23 +81,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json(
-    pid: int,
-    comm: str,
-    exe: str,
-    pie: bool,
-    bias: int,
-    window: float | None,
-    rows: dict[tuple[str, str], Row],
-    after: dict[int, int] | None,
-) -> dict[str, object]:
+def _counting(listing: Listing, duration: float) -> None:
+    process = listing.process
+    print(
+        f"Counting hits of {len(listing.names)} USDT probes in {process.comm} PID {process.pid} "
+        f"for {duration:g} s...",
+        file=sys.stderr,
+    )
+
+
+def _text(listing: Listing) -> str:
+    process = listing.process
+    if not listing.rows:
+        return f"PID {process.pid} ({process.comm}): {process.exe} has no USDT probes"
+    return _table(
+        process.pid,
+        process.comm,
+        process.exe,
+        listing.pie,
+        listing.bias,
+        listing.window,
+        list(listing.rows.values()),
+    )
+
+
+def _json(listing: Listing) -> dict[str, object]:
+    process, after = listing.process, listing.after
+    if not listing.rows:
+        return {"pid": process.pid, "comm": process.comm, "exe": process.exe, "probes": []}
     return {
-        "pid": pid,
-        "comm": comm,
-        "exe": exe,
-        "pie": pie,
-        "load_bias": bias,
-        "window_s": window,
+        "pid": process.pid,
+        "comm": process.comm,
+        "exe": process.exe,
+        "pie": listing.pie,
+        "load_bias": listing.bias,
+        "window_s": listing.window,
         "probes": [
             {
                 "provider": r.provider,
@@ -202,7 +129,7 @@ def _json(
                 "hits": r.hits,
                 "hits_per_sec": r.per_sec,
             }
-            for r in rows.values()
+            for r in listing.rows.values()
         ],
     }
 

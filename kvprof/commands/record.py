@@ -1,13 +1,24 @@
-"""`kvprof record -p PID`: attach the collectors, write a profile."""
+"""`kvprof record -p PID`: attach the collectors, write a profile.
+
+The session is opened as every command opens one (kvprof.system.attach); this
+module drives it: the banner, the progress lines, the profile and its findings.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import CollectOptions
-from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+from kvprof.collect import HZ, MAX_ENTRIES, OFFCPU_SAMPLE, STACK_STORAGE, CollectOptions
+from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, fail, number, options
+from kvprof.model.profile import Profile
+
+if TYPE_CHECKING:
+    from kvprof.collect.session import Session
 
 HELP = "attach to a process and write a profile"
 
@@ -86,6 +97,156 @@ def _flamegraph_output(text: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvprof.record import RecordOptions, main
-
     return main(options(RecordOptions, args))
+
+
+class RecordError(Exception):
+    """Recording cannot start or go on; the message is one line saying what to do."""
+
+
+@dataclass
+class RecordOptions:
+    pid: int
+    duration: float | None = 10.0
+    output: Path | None = None
+    hz: int = HZ
+    collectors: tuple[str, ...] = ()
+    backend: str = "bpf"
+    stack_storage: int = STACK_STORAGE
+    max_entries: int = MAX_ENTRIES
+    offcpu_sample: int = OFFCPU_SAMPLE
+    interval: float = 1.0
+    quiet: bool = False
+    flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)
+    python: bool | None = None  # on-CPU stacks from py-spy: None = when the target is CPython
+    native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
+
+
+def _progress(line: str, final: bool = False) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + line.ljust(78)[:78] + ("\n" if final else ""))
+        sys.stderr.flush()
+    elif final:
+        sys.stderr.write(line + "\n")
+
+
+def _summary_of(p: Profile) -> str:
+    samples = sum(s.count for s in p.oncpu)
+    waits = sum(lk.waits for lk in p.locks)
+    transfers = sum(c.transfers for c in p.cachelines)
+    parts = [f"{samples:,} samples"]
+    if "locks" in p.collectors:
+        parts.append(f"{waits:,} lock waits")
+    if "cachelines" in p.collectors:
+        parts.append(f"{transfers:,} transfers")
+    if "offcpu" in p.collectors:
+        parts.append(f"{len(p.offcpu.futex):,} futex sites")
+    return ", ".join(parts)
+
+
+def default_output(pid: int) -> Path:
+    return Path(f"kvprof-{pid}.json.gz")
+
+
+# how the banner ends: BPF collectors (py-spy may take the on-CPU stacks), or a program alone
+_BANNER_END = {
+    "bpf": "... Ctrl-C to stop early",
+    "pyspy": " with py-spy...",
+    "perf": " with perf (cpu-clock, --call-graph dwarf)...",
+}
+
+
+def _collect_options(opts: RecordOptions) -> CollectOptions:
+    return CollectOptions(
+        hz=opts.hz,
+        stack_storage=opts.stack_storage,
+        max_entries=opts.max_entries,
+        offcpu_sample=opts.offcpu_sample,
+        progress=None if opts.quiet else lambda line: _progress(f"  {line}", final=True),
+        backend=opts.backend,
+        python=opts.python,
+        native=opts.native,
+    )
+
+
+def record(opts: RecordOptions) -> tuple[Profile, Path]:
+    """Records and writes the profile; returns it and where it went."""
+    from kvprof.analysis.findings import find
+    from kvprof.collect import CollectError
+    from kvprof.collect.session import NO_BPF
+    from kvprof.system.attach import open_session, stop_on_signals
+
+    try:
+        session = open_session(opts.pid, opts.collectors, _collect_options(opts))
+    except CollectError as e:
+        raise RecordError(str(e)) from None
+    bpf = any(module not in NO_BPF for module in session.modules.values())
+    out = opts.output or default_output(opts.pid)
+    target = session.target
+    how_long = "until Ctrl-C" if opts.duration is None else f"for {opts.duration:g} s"
+    end = _BANNER_END["bpf" if bpf else session.modules["oncpu"]]
+    if not opts.quiet:
+        print(f"Profiling {target.comm} PID {target.pid} {how_long} at {opts.hz} Hz{end}", file=sys.stderr)
+    with stop_on_signals():
+        profile, interrupted = _collect(session, opts, show=bpf and not opts.quiet)
+    if profile is None:
+        raise RecordError("stopped before anything was collected")
+    if interrupted:
+        profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
+    if bpf and not opts.quiet:
+        _progress(f"  {profile.window.duration_s:5.1f} s  {_summary_of(profile)}", final=True)
+    profile.findings = find(profile)
+    profile.save(out)
+    return profile, out
+
+
+def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile | None, bool]:
+    """Attach, collect for opts.duration (the progress shown when `show`) and read the
+    profile: (it, whether Ctrl-C or SIGTERM stopped it early); None when nothing was."""
+    from kvprof.collect import CollectError
+
+    try:
+        if show:
+            _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
+        session.start()
+        if show:  # a line of its own in a log, overwritten on a terminal
+            _progress(
+                f"  attached {len(session.names)} collectors, collecting", final=not sys.stderr.isatty()
+            )
+        total = "" if opts.duration is None else f"/{opts.duration:g}"
+        for _ in session.run(opts.duration, opts.interval, snapshots=False):
+            if show:  # a snapshot when the target died: finish() reads the last
+                _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
+        return session.finish(), False
+    except CollectError as e:
+        raise RecordError(str(e)) from None
+    except KeyboardInterrupt:
+        try:
+            return session.finish(), True
+        except Exception:  # nothing to keep
+            return None, True
+    finally:
+        session.close()
+
+
+def main(opts: RecordOptions) -> int:
+    start = time.monotonic()
+    try:
+        profile, out = record(opts)
+    except (RecordError, OSError) as e:
+        return fail("record", str(e))
+    if not opts.quiet:
+        note = f" (partial: {profile.status.reason})" if profile.status.partial else ""
+        skipped = [f"{n}: {r}" for n, r in profile.status.collectors.items() if not r.startswith("ok")]
+        print(f"wrote {out} in {time.monotonic() - start:.1f} s{note}", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)
+        print(f"next: kvprof report {out}", file=sys.stderr)
+    if opts.flamegraph is not None:
+        from kvprof.export import ExportError, export
+
+        try:  # always said, even with --quiet: it names the file written
+            print(export(profile, "cpu", opts.flamegraph), file=sys.stderr)
+        except ExportError as e:
+            return fail("record", f"flame graph: {e}")
+    return 0

@@ -39,25 +39,13 @@ class TopOptions:
     baseline: Path | None = None  # the Flame view's diff compares with it
 
 
-def bpf_unavailable() -> str | None:
-    """Why live profiling cannot work here, or None."""
-    if os.geteuid() != 0:
-        return "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
-    from kvprof.collect import missing_bcc
-
-    why = missing_bcc()
-    if why is not None:
-        return why
-    if not Path("/sys/kernel/tracing/uprobe_events").exists():
-        return "tracefs is not mounted on /sys/kernel/tracing: mount -t tracefs tracefs /sys/kernel/tracing"
-    return None
-
-
 def _fail(message: str, hint: bool = False) -> int:
-    print(f"kvprof top: {message}", file=sys.stderr)
+    from kvprof.commands import fail
+
+    status = fail("top", message)
     if hint:
         print(f"  {DOCTOR_HINT}", file=sys.stderr)
-    return 2
+    return status
 
 
 def main(opts: TopOptions) -> int:
@@ -89,26 +77,25 @@ def _main(opts: TopOptions) -> int:
         except ProfileError as e:
             return _fail(str(e))
         return _run(source, opts, baseline)
+    from kvprof.system.attach import bpf_unavailable
+
     why = bpf_unavailable()
     if why is not None:
         return _fail(why, hint=True)
     if opts.demo:
         return _demo(opts, baseline)
     assert opts.pid is not None
-    from kvprof.collect.session import TargetGone
+    from kvprof.collect import CollectError
 
     try:
         source = LiveSource(opts.pid, opts.hz, opts.collectors)
-    except TargetGone as e:
+    except CollectError as e:  # before the screen is taken
         return _fail(str(e))
-    except PermissionError:
-        return _fail(f"PID {opts.pid} is not ours to trace (permission denied reading /proc)")
     return _run(source, opts, baseline)
 
 
 def _demo(opts: TopOptions, baseline: Profile | None) -> int:
-
-    from kvprof import demo
+    from kvprof.system import demo
     from kvprof.system.servers import TargetError, kvload_binary, start_kvcached
     from kvprof.tui.sources import LiveSource
 

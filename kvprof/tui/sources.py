@@ -104,10 +104,10 @@ class LiveSource:
 
     def __init__(self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = ()) -> None:
         from kvprof.collect import CollectOptions
-        from kvprof.collect.session import ALL_COLLECTORS, Session
+        from kvprof.system.attach import open_session
 
-        # TargetGone / PermissionError before the screen is taken
-        self.session: Session = Session(pid, collectors or ALL_COLLECTORS, CollectOptions(hz=hz, live=True))
+        # CollectError (the target is gone, not ours...) before the screen is taken
+        self.session: Session = open_session(pid, collectors, CollectOptions(hz=hz, live=True))
         target = self.session.target
         self.pid = pid
         self.title = _title(target.comm, pid)

@@ -1,9 +1,9 @@
-"""`kvprof demo`: kvcached under load, with its live stats once a second.
+"""The demo's kvcached under kvload, and what its counters say: `kvprof demo`
+prints them (kvprof/commands/demo.py), `kvprof top --demo` watches the same
+server and load through the eBPF collectors.
 
 The numbers come from the server itself (`stats` and `stats locks`), so the
-demo needs neither root nor BPF. The load is our own `kvload`. `make demo`
-runs `kvprof top --demo` instead: the same server and load, seen through the
-eBPF collectors (root).
+demo needs neither root nor BPF. The load is our own `kvload`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ import contextlib
 import math
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from kvprof.system.servers import Process, Server, TargetError, die_with_parent, kvload_binary, start_kvcached
 
@@ -42,10 +39,6 @@ HEADER_EVERY = 20  # lines, as vmstat repeats its header
 
 class DemoError(RuntimeError):
     """The demo cannot go on; the message says why."""
-
-
-class _Stop(Exception):
-    """SIGTERM or SIGHUP: stop like Ctrl-C."""
 
 
 @dataclass(frozen=True)
@@ -190,119 +183,45 @@ def start_load(address: str, duration: float | None) -> Load:
     return Load(proc, Path(log.name), argv)
 
 
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop(signal.Signals(signum).name)
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def _stop_on_term() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the demo the way Ctrl-C does (stop both, summarize)."""
-    old = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGHUP, _raise_stop)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-def _ignore_stop_signals() -> None:
-    # A second Ctrl-C while stopping must not leave the server or the load behind.
-    for sig in _SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def _exit_status(code: int | None) -> str:
+def exit_status(code: int | None) -> str:
     if code is not None and code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exited with status {code}"
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join("    " + line for line in text.strip().splitlines()[-lines:])
+@dataclass
+class Demo:
+    """kvcached (a preset, N workers) and kvload against it; stop() stops both.
+    `first` and `last` are the server's counters when it started and at the last look."""
 
-
-def run(
-    duration: float | None = None,
-    preset: str = "baseline",
-    threads: int = 2,
-    interval: float = 1.0,
-) -> int:
-    """Run the demo; returns the exit status (0 when stopped by Ctrl-C, a signal or the duration)."""
-    out = sys.stdout
     server: Server | None = None
     load: Load | None = None
     first: Sample | None = None
     last: Sample | None = None
-    failure: str | None = None
-    with _stop_on_term():
-        try:
-            kvload_binary()  # fail before starting anything
-            server = start_kvcached(["--preset", preset, "-t", str(threads)])
-            first = last = sample(server)
-            load = start_load(server.address, duration)
-            # kvcached answers `version` as "1.6.0-kvcached-0.1.0" for memcached's clients.
-            version = first.stats.get("version", "?").rsplit("kvcached-", 1)[-1]
-            until = "Ctrl-C to stop" if duration is None else f"{duration:g} s, Ctrl-C to stop early"
-            print(
-                f"kvprof demo: kvcached {version} (preset {preset}, {threads} workers) "
-                f"PID {server.pid} on {server.address}\n"
-                f"  load: {load.describe()}\n"
-                f"  `stats` and `stats locks` every {interval:g} s; {until}",
-                file=out,
-                flush=True,
-            )
-            start = time.monotonic()
-            lines = 0
-            while duration is None or time.monotonic() - start < duration - 1e-3:
-                wake = start + (lines + 1) * interval
-                if duration is not None:
-                    wake = min(wake, start + duration)
-                time.sleep(max(0.0, wake - time.monotonic()))
-                if not server.alive():
-                    raise DemoError(f"kvcached {_exit_status(server.proc.returncode)}")
-                if load.proc.poll() is not None:
-                    raise DemoError(f"kvload {_exit_status(load.proc.returncode)}")
-                new = sample(server)
-                if lines % HEADER_EVERY == 0:
-                    print(HEADER, file=out)
-                print(format_line(new.at - start, rates(last, new)), file=out, flush=True)
-                last = new
-                lines += 1
-        except KeyboardInterrupt:
-            print(file=out)  # after the terminal's ^C
-        except _Stop:
-            pass
-        except (DemoError, TargetError, OSError) as e:
-            failure = str(e)
-        finally:
-            _ignore_stop_signals()
-            if server is not None and server.alive() and first is not None and failure is None:
-                with contextlib.suppress(TargetError, OSError):
-                    last = sample(server)  # count up to the very end when we can
-            if load is not None:
-                load.stop()
-            status = server.stop() if server is not None else None
 
-    if failure is not None:
-        print(f"kvprof demo: error: {failure}", file=sys.stderr)
-        if server is not None and server.log().strip():
-            print(f"  kvcached said ({server.log_path}):\n{_tail(server.log())}", file=sys.stderr)
-        if load is not None and load.log().strip():
-            print(f"  kvload said:\n{_tail(load.log())}", file=sys.stderr)
-    elif first is not None and last is not None and last is not first:
-        print(format_summary(rates(first, last)), file=out, flush=True)
-    if load is not None:
-        load.cleanup()
-    if server is not None:
-        if failure is None and status not in (0, None):
-            print(f"kvprof demo: kvcached {_exit_status(status)} when stopped:", file=sys.stderr)
-            print(_tail(server.log()), file=sys.stderr)
-            failure = f"status {status}"
-        if failure is None:
-            server.log_path.unlink(missing_ok=True)
-    return 0 if failure is None else 1
+    def start(self, preset: str, threads: int, duration: float | None) -> None:
+        """The server, its first counters, then the load (for `duration` s, None: until stopped)."""
+        kvload_binary()  # fail before starting anything
+        self.server = start_kvcached(["--preset", preset, "-t", str(threads)])
+        self.first = self.last = sample(self.server)
+        self.load = start_load(self.server.address, duration)
+
+    def look(self) -> tuple[Sample, Sample]:
+        """(the counters at the last look, now); DemoError when the server or the load died."""
+        assert self.server is not None and self.load is not None and self.last is not None
+        if not self.server.alive():
+            raise DemoError(f"kvcached {exit_status(self.server.proc.returncode)}")
+        if self.load.proc.poll() is not None:
+            raise DemoError(f"kvload {exit_status(self.load.proc.returncode)}")
+        old, self.last = self.last, sample(self.server)
+        return old, self.last
+
+    def stop(self, last_look: bool) -> int | None:
+        """Stop the load, then the server (`last_look`: its counters read first, when it
+        still answers); the server's exit status, None when it never started."""
+        if last_look and self.server is not None and self.server.alive() and self.first is not None:
+            with contextlib.suppress(TargetError, OSError):
+                self.last = sample(self.server)  # count up to the very end when we can
+        if self.load is not None:
+            self.load.stop()
+        return self.server.stop() if self.server is not None else None

@@ -1,0 +1,120 @@
+"""Attaching to a running process, the same way for every command.
+
+    session = open_session(pid, collectors, CollectOptions(...))   # CollectError: one line
+    with stop_on_signals(), session:
+        ...                                  # SIGTERM detaches as Ctrl-C does
+
+open_session() checks what can be checked before anything is loaded, and says
+what is wrong in one line with what to do (a CollectError, each text written
+once here): the collectors asked for, the target (read from /proc: gone, a
+kernel thread, not ours to trace), and whether this process may load BPF
+programs when a collector needs them. stop_on_signals() turns SIGTERM (and the
+signals given) into KeyboardInterrupt in the main thread, so a command stopped
+by its service manager detaches and writes what it has, as on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.session import ALL_COLLECTORS, NO_BPF, Session, TargetGone, describe_target, modules
+from kvprof.model.profile import Target
+
+NEEDS_ROOT = "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def not_ours(pid: int) -> str:
+    return f"PID {pid} is not ours to trace (permission denied reading /proc): run kvprof as root (sudo)"
+
+
+def may_load_bpf() -> bool:
+    """Root, or both capabilities BPF programs with perf events need."""
+    if os.geteuid() == 0:
+        return True
+    from kvprof.system.doctor import CAP_BPF, CAP_PERFMON, Host, cap_eff
+
+    caps = cap_eff(Host())
+    return bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
+
+
+def bpf_unavailable() -> str | None:
+    """Why BPF collectors cannot work here (one line with the fix), or None."""
+    if not may_load_bpf():
+        return NEEDS_ROOT
+    from kvprof.collect import missing_bcc
+
+    why = missing_bcc()
+    if why is not None:
+        return why
+    if not (TRACEFS / "uprobe_events").exists():
+        return f"tracefs is not mounted on {TRACEFS}: mount -t tracefs tracefs {TRACEFS}"
+    return None
+
+
+def target(pid: int) -> Target:
+    """The process `pid` from /proc; CollectError when it is gone, a kernel thread, or not ours."""
+    try:
+        return describe_target(pid)
+    except TargetGone as e:
+        raise CollectError(str(e)) from None
+    except PermissionError:
+        raise CollectError(not_ours(pid)) from None
+
+
+def open_session(
+    pid: int, collectors: list[str] | tuple[str, ...] = (), opts: CollectOptions | None = None
+) -> Session:
+    """A Session of `collectors` (all when none are given) on `pid`, not attached yet;
+    CollectError says in one line why there cannot be one."""
+    opts = opts or CollectOptions()
+    names = tuple(collectors) or ALL_COLLECTORS
+    unknown = [c for c in names if c not in ALL_COLLECTORS]
+    if unknown:
+        raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
+    described = target(pid)
+    try:
+        chosen = modules(pid, names, opts)
+    except PermissionError:
+        raise CollectError(not_ours(pid)) from None
+    if any(module not in NO_BPF for module in chosen.values()) and not may_load_bpf():
+        raise CollectError(f"{NEEDS_ROOT}; `kvprof doctor` checks the rest")
+    return Session(described, chosen, opts)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_on_signals(*signums: signal.Signals) -> Iterator[None]:
+    """SIGTERM and `signums` raise KeyboardInterrupt (its argument the signal's name;
+    Ctrl-C's has none) while inside; SIGINT's handler and theirs are put back at the
+    end, so ignore_stop_signals() may be called inside. Only the main thread may set
+    handlers: elsewhere (the TUI's worker) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = (signal.SIGTERM, *signums)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *caught)}
+    for sig in caught:
+        signal.signal(sig, _interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def ignore_stop_signals(*signums: signal.Signals) -> None:
+    """Ctrl-C, SIGTERM and `signums` do nothing from now until stop_on_signals() ends:
+    a second Ctrl-C while stopping must not leave a server or a load behind."""
+    for sig in (signal.SIGINT, signal.SIGTERM, *signums):
+        signal.signal(sig, signal.SIG_IGN)
