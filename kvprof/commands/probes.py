@@ -47,6 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     from kvprof.collect import CollectError
+    from kvprof.system.attach import stop_on_signals
     from kvprof.system.probes import list_probes
 
     if args.ebpf:
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         listing = list_probes(args.pid)
         if listing.rows and args.duration > 0:
-            listing.count(args.duration, lambda: _counting(listing, args.duration))
+            with stop_on_signals():  # SIGTERM detaches as Ctrl-C does
+                listing.count(args.duration, lambda: _counting(listing, args.duration))
     except CollectError as e:
         return fail("probes", str(e))
     except KeyboardInterrupt:
