@@ -133,7 +133,7 @@ def test_lock_names() -> None:
     """KV_LOCK_NAMES (server/core/lock.h) is kvs.d's list; the catalog and the demo name real locks."""
     names = [e[1] for e in cdefs.x_macro(SERVER / "core" / "lock.h", "KV_LOCK_NAMES")]
     assert names == doc_names("Lock names (lock__wait__* `name`; server/core/lock.h):", "Site names")
-    from kvprof.demo import LOCK
+    from kvprof.system.demo import LOCK
 
     assert LOCK in names
     catalog = tomllib.loads((REPO / "kvprof" / "analysis" / "hotspots.toml").read_text())
