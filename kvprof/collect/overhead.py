@@ -86,8 +86,8 @@ class Meter:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._fd = enable_stats()
-        self.measured = self._fd is not None or _sysctl_on()
+        self._fd: int | None = None
+        self.measured = False
         self._base: _Reading | None = None
 
     def _reading(self, programs: list[Program]) -> _Reading:
@@ -99,6 +99,10 @@ class Meter:
         )
 
     def start(self, programs: list[Program]) -> None:
+        """Turn the statistics on (the programs' counts start from here) and take the base."""
+        if self._fd is None:
+            self._fd = enable_stats()
+        self.measured = self._fd is not None or _sysctl_on()
         self._base = self._reading(programs)
 
     def read(self, programs: list[Program]) -> Overhead:
