@@ -9,9 +9,14 @@ A B B A ... with each tool detached (A) and attached (B), and the ratio is
 read from the server's own counters (`stats`: cmd_get + cmd_set), as a
 user checks it. The tools: `record` and `top` with their defaults,
 `record --collectors oncpu,offcpu`, and the peers BCC `profile-bpfcc -F 99`
-and `perf record -F 99 --call-graph dwarf`. A tool is attached anew for
-every B window (its compile is not in the window: the window starts once it
-said it is attached, plus a second). Each `record` window's profile gives
+and `perf record -F 99 --call-graph dwarf`, and `none` (nothing attached: the
+method's control). A tool is attached anew for every B window (its compile
+is not in the window: the window starts once it said it is attached, plus a
+second), and every A window follows an attach and detach of the same tool,
+so that both windows of a pair come after the same burst of compiling: on
+this VM the host more often moves the vCPUs to the slower placement right
+after one, which alone cost a window after an attach 10-15 % against one
+without (measured with BCC's `profile`, whose own cost is 1 %). Each `record` window's profile gives
 kvprof's own-cost figure (kvprof.analysis.own_cost), printed beside the loss
 measured in that pair, and where the cost went: events per second and ns per
 event of each collector's programs, uprobe traps counted at
@@ -403,6 +408,18 @@ def _ready_line(proc: subprocess.Popen[str], word: str, timeout: float, what: st
     raise SystemExit(f"overhead: {what} was not ready within {timeout:g} s")
 
 
+def _wait_bpf_loaded(proc: subprocess.Popen[str], timeout: float, what: str) -> None:
+    """Until `proc` holds a loaded BPF program of the perf-event type (its sampler)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(kind == "7" for kind, _, _ in bpf_programs(proc.pid).values()):
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"overhead: {what} exited before it was ready (exit {proc.returncode})")
+        time.sleep(0.05)
+    raise SystemExit(f"overhead: {what} loaded no program within {timeout:g} s")
+
+
 def _sigint_default() -> None:
     """In the tool's process: SIGINT stops it, also when this benchmark was started in the
     background (a shell starts background jobs with SIGINT ignored, and children inherit it)."""
@@ -435,6 +452,8 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
         argv = [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-d", "100000", "-o", str(out)]
         if tool == "record-oncpu-offcpu":
             argv += ["--collectors", "oncpu,offcpu"]
+        elif ":" in tool:  # record:locks+cachelines: those collectors only
+            argv += ["--collectors", tool.split(":", 1)[1].replace("+", ",")]
         word, what = "collecting", "kvprof record"
     elif tool == "bcc-profile":
         argv = [
@@ -457,6 +476,8 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
     try:
         if word:
             _ready_line(proc, word, 180, what)
+        if tool == "bcc-profile":  # it says "Sampling" before it compiles: wait for its program
+            _wait_bpf_loaded(proc, 180, what)
         assert proc.stdout is not None
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         time.sleep(1.0 if word else 2.0)
@@ -469,6 +490,17 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
             proc.kill()
             proc.communicate()
     time.sleep(1.0)  # the detach's own work (map reads, writing the profile) settles
+
+
+def detached_window(tool: str, server: Server, seconds: float, tmp: str) -> Window:
+    """A window without the tool, measured right after it was attached and detached again:
+    both windows of a pair then follow the same compile. (This VM's host moves its vCPUs to
+    the slower placement more often right after a burst of CPU, such as a compile: a window
+    measured after an attach and one that is not differ by up to 15 % with nothing attached.)"""
+    with tool_attached(tool, server.pid, tmp):
+        pass
+    (Path(tmp) / "window.json.gz").unlink(missing_ok=True)
+    return measure_window(server, seconds)
 
 
 def attached_window(tool: str, server: Server, seconds: float, tmp: str) -> Window:
@@ -495,7 +527,7 @@ def start_single_load(server: Server, args: argparse.Namespace) -> subprocess.Po
 def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
     """One server under one continuous load; per tool, windows A B, B A, ... (A: detached)."""
     tools = [t for t in args.tools.split(",") if t]
-    unknown = [t for t in tools if t not in TOOLS]
+    unknown = [t for t in tools if t not in TOOLS and not t.startswith("record:")]
     if unknown:
         raise SystemExit(f"overhead: unknown tool {unknown[0]!r}: choose from {', '.join(TOOLS)}")
     server = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
@@ -519,11 +551,11 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
         for i in range(args.pairs):
             for tool in tools[i % len(tools) :] + tools[: i % len(tools)]:
                 if i % 2 == 0:
-                    a = measure_window(server, args.seconds)
+                    a = detached_window(tool, server, args.seconds, tmp)
                     b = attached_window(tool, server, args.seconds, tmp)
                 else:
                     b = attached_window(tool, server, args.seconds, tmp)
-                    a = measure_window(server, args.seconds)
+                    a = detached_window(tool, server, args.seconds, tmp)
                 r = b.ops_per_sec / a.ops_per_sec
                 c = (b.server_cpu / b.ops_per_sec) / (a.server_cpu / a.ops_per_sec)
                 ratios[tool].append(r)
