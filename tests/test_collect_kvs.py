@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import pin_workers
-from support import assert_detached, worker_tids
+from support import assert_detached, pin_workers, worker_tids
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.cachelines import CachelinesCollector, classify_transfers

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Unprivileged
-from support import KVPROF
+from support import KVPROF, Unprivileged
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.pyspy import READ_TRIES, DumpSampler, PySpyCollector, explain, python_version

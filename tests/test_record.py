@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Unprivileged, bpf_frames, pin_workers
-from support import KVPROF, kvload, record, semaphores
+from support import KVPROF, Unprivileged, bpf_frames, kvload, pin_workers, record, semaphores
 
 from kvprof.analysis.own_cost import own_cost
 from kvprof.model.profile import Profile
