@@ -79,9 +79,32 @@ def kvprof(
     )
 
 
-def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`kvprof record -p PID -o OUT -q ARGS`."""
-    return kvprof("record", "-p", str(pid), "-o", str(out), "-q", *args, timeout=timeout)
+def record_args(pid: int, out: Path | str, *args: str) -> list[str]:
+    """`record -p PID -o OUT ARGS`: what follows KVPROF for a test that starts record itself."""
+    return ["record", "-p", str(pid), "-o", str(out), *args]
+
+
+def record(
+    pid: int, out: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kvprof record -p PID -o OUT -q ARGS` to the end."""
+    return kvprof(*record_args(pid, out, "-q", *args), timeout=timeout, env=env)
+
+
+def start_record(pid: int, out: Path | str, *args: str) -> subprocess.Popen[str]:
+    """`kvprof record -p PID -o OUT ARGS` started, its stderr piped for the test to read."""
+    return subprocess.Popen([*KVPROF, *record_args(pid, out, *args)], stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """`proc` for the block; killed and waited for after it if still running (when the block failed)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.05) -> bool:

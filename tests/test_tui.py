@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from support import KVPROF, TOP_BASELINE, halved, top_app
+from support import KVPROF, TOP_BASELINE, halved, reaped, top_app
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
@@ -60,8 +60,9 @@ def rows(app: TopApp, view: str) -> list[str]:
     return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
 
 
-def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
-    """Keys 1-6 switch to each view, and each draws rows from the replayed profile."""
+def test_every_view_renders_and_number_keys_and_tabs_switch(tmp_path: Path) -> None:
+    """Keys 1-6 switch to each view, and each draws rows from the replayed profile;
+    the tabs answer the mouse as well."""
     app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
@@ -70,6 +71,9 @@ def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
             await pilot.pause()
             assert app.query_one(TabbedContent).active == view
             assert await until(pilot, lambda v=view: bool(rows(app, v))), view  # type: ignore[misc]
+        await pilot.click("#--content-tab-locks")
+        await pilot.pause()
+        assert app.query_one(TabbedContent).active == "locks"
         assert any("update_topkeys" in r for r in rows(app, "overview"))
         assert any("topkeys" in r for r in rows(app, "locks"))
         assert {"account_memory", "collect_timings", "on_create_item"} <= {
@@ -77,18 +81,6 @@ def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
         }
         matrix = str(app.query_one("#lines-matrix", Static).render())
         assert "socket → socket" in matrix
-
-    drive(app, script)
-
-
-def test_mouse_click_on_a_tab_switches_view(tmp_path: Path) -> None:
-    """Tabs answer the mouse as well as the number keys."""
-    app = top_app(out_dir=tmp_path)
-
-    async def script(pilot: Pilot[None]) -> None:
-        await pilot.click("#--content-tab-locks")
-        await pilot.pause()
-        assert app.query_one(TabbedContent).active == "locks"
 
     drive(app, script)
 
@@ -265,11 +257,11 @@ def test_top_ends_when_its_terminal_goes_away_without_a_hangup() -> None:
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(
+    top = subprocess.Popen(
         [*KVPROF, "top", "--replay", str(TOP_BASELINE)], stdin=slave, stdout=slave, stderr=slave
     )
-    os.close(slave)
-    try:
+    with reaped(top) as proc:
+        os.close(slave)
         drawn = b""
         deadline = time.monotonic() + 60
         while b"Overview" not in drawn and time.monotonic() < deadline and proc.poll() is None:
@@ -278,7 +270,3 @@ def test_top_ends_when_its_terminal_goes_away_without_a_hangup() -> None:
         os.close(master)
         proc.wait(timeout=60)  # bounded: the check runs every second
         assert proc.returncode == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
