@@ -610,9 +610,10 @@ def halved(p: Profile) -> Profile:
 
 
 # The hand-made kvcached profiles of test_analysis and test_report: shaped like
-# a 5 s recording of kvcached -t 2 under kvload, --preset baseline and --preset
-# fixed; the numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s,
-# ~34 ms/s of waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
+# a recording of kvcached -t 2 under kvload, --preset baseline and --preset
+# fixed; the rates (operations, topkeys waits and time waiting per second)
+# follow the run in docs/demo.md, and the probes are sampled 1 in RATE as
+# kvcached --probe-sample samples them.
 # tests/golden/report-baseline.txt is the baseline's report, byte for byte.
 
 MAIN, W0, W1 = "4100", "4101", "4102"
@@ -758,7 +759,8 @@ def baseline_profile() -> Profile:
         stacks=[LockStack([*WORKER, "process_get", "item_get", "kv_lock_contended"], 40, 600_000)],
     )
     both = [W0, W1]
-    # ~700k updates/s per site = 55k samples in 5 s at 1 in 64; 40 % of them find the line elsewhere
+    # each site updated at docs/demo.md's request rate, sampled 1 in RATE for DURATION;
+    # 40 % of the samples find the line on the other CPU
     lines = [
         _line("collect_timings", 0x55D0_0001_0040, 40_000, 16_000, 240.0, both),
         _line("collect_timings", 0x55D0_0001_0080, 15_000, 6_000, 230.0, both),

@@ -224,7 +224,7 @@ def test_command_directory(tmp_path: Path) -> None:
     assert_one_line_error(kvprof("report", str(tmp_path)), "directory")
 
 
-# ---- the command's text on the profiles kept in tests/ (pinned before issue 15's restructuring)
+# ---- the command's text on the profiles kept in tests/, pinned byte for byte
 
 PROFILES = {
     "flame-small": REPO / "tests" / "golden" / "flame-small.json",

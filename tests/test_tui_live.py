@@ -14,7 +14,7 @@ from kvprof.system.servers import Server
 from kvprof.tui.sources import LiveSource
 from kvprof.tui.widgets import OverviewPanel
 
-DEADLINE_S = 10.0  # the promise: the topkeys lock named within 10 s of start
+DEADLINE_S = 10.0  # top's promise (docs/top.md): the topkeys lock named this soon after start
 
 
 @pytest.mark.bpf
