@@ -11,6 +11,7 @@ fixtures and hooks; no test module imports another or conftest.py
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import ctypes
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -51,6 +52,8 @@ from kvprof.model.profile import (
 from kvprof.system.servers import Server, kvload_binary
 
 if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
     from kvprof.tui.app import TopApp
     from kvprof.tui.sources import Source
 
@@ -581,6 +584,59 @@ def top_app(
     if source is None:
         source = ReplaySource(TOP_BASELINE)
     return TopApp(source, interval=interval, out_dir=out_dir, clock=lambda: FROZEN, baseline=baseline)
+
+
+FLAME_VIEW = ("7", "flame")  # the key that shows the Flame view, and its tab
+
+
+async def until(pilot: Pilot[Any], check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Let the app run until `check()` holds or `timeout` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await pilot.pause(0.05)
+    return check()
+
+
+async def first_frame(pilot: Pilot[Any]) -> None:
+    """Wait for the app's first frame, as a person would before looking."""
+    app = pilot.app
+    assert await until(pilot, lambda: app.frames > 0), app.error
+    await pilot.pause()
+
+
+async def show_view(pilot: Pilot[Any], key: str, view: str) -> None:
+    """Press `key` until `view` is the active tab: a key pressed that early can be undone
+    by the focus Textual gives Overview's table at start (its TabPane.Focused arrives late)."""
+    from textual.widgets import TabbedContent
+
+    tabs = pilot.app.query_one(TabbedContent)
+    for _ in range(5):
+        await pilot.press(key)
+        await pilot.pause(0.2)
+        if tabs.active == view:
+            break
+    assert tabs.active == view
+
+
+def drive(
+    app: TopApp,
+    script: Callable[[Pilot[Any]], Awaitable[None]],
+    size: tuple[int, int] = (80, 24),
+    view: tuple[str, str] | None = None,
+) -> None:
+    """Run `app` in Textual's test harness at `size`: its first frame, then `view`
+    ((key, tab) as FLAME_VIEW) when given, then `script`."""
+
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await first_frame(pilot)
+            if view is not None:
+                await show_view(pilot, *view)
+            await script(pilot)
+
+    asyncio.run(go())
 
 
 # ---- profiles --------------------------------------------------------------------------

@@ -8,13 +8,11 @@ that exits, which needs no root.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from support import KVPROF, TOP_BASELINE, halved, reaped, top_app
+from support import KVPROF, TOP_BASELINE, drive, halved, reaped, top_app, until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
@@ -32,27 +30,6 @@ TABLES = {
     "threads": "#threads-table",
     "requests": "#requests-table",
 }
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await pilot.pause(0.05)
-    return check()
-
-
-def drive(
-    app: TopApp, script: Callable[[Pilot[None]], Awaitable[None]], size: tuple[int, int] = (80, 24)
-) -> None:
-    async def go() -> None:
-        async with app.run_test(size=size) as pilot:
-            assert await until(pilot, lambda: app.frames > 0), app.error
-            await pilot.pause()
-            await script(pilot)
-
-    asyncio.run(go())
 
 
 def rows(app: TopApp, view: str) -> list[str]:

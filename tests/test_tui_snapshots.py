@@ -13,9 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import FIXTURES, TOP_BASELINE, top_app
+from support import FIXTURES, FLAME_VIEW, TOP_BASELINE, first_frame, show_view, top_app
 from textual.pilot import Pilot
-from textual.widgets import TabbedContent
 
 from kvprof.model.profile import Profile
 from kvprof.tui.app import TopApp
@@ -24,36 +23,17 @@ from kvprof.tui.sources import ReplaySource
 FLAME_BASELINE, FLAME_FIXED = FIXTURES / "flame-baseline.json", FIXTURES / "flame-fixed.json"
 
 
-async def ready(pilot: Pilot[None]) -> None:
-    """Wait for the first frame, as a person would before looking."""
-    top = pilot.app
-    assert isinstance(top, TopApp)
-    for _ in range(200):
-        if top.frames:
-            break
-        await pilot.pause(0.05)
-    assert top.frames, top.error
-    await pilot.pause()
-
-
 @pytest.mark.parametrize("size", [(80, 24), (132, 40)], ids=["80x24", "132x40"])
 @pytest.mark.parametrize("keys", [pytest.param([], id="overview"), pytest.param(["4"], id="cachelines")])
 def test_snapshot(snap_compare: Callable[..., bool], keys: list[str], size: tuple[int, int]) -> None:
     """The view at this size looks as accepted: findings named and ranked, the socket matrix drawn."""
-    assert snap_compare(top_app(), press=keys, terminal_size=size, run_before=ready)
+    assert snap_compare(top_app(), press=keys, terminal_size=size, run_before=first_frame)
 
 
 async def on_flame(pilot: Pilot[None]) -> None:
-    """The first frame, then view 7. A key pressed that early can be undone by the focus
-    Textual gave Overview's table at start (its TabPane.Focused arrives late): press again."""
-    await ready(pilot)
-    tabs = pilot.app.query_one(TabbedContent)
-    for _ in range(5):
-        await pilot.press("7")
-        await pilot.pause(0.2)
-        if tabs.active == "flame":
-            break
-    assert tabs.active == "flame"
+    """The first frame, then view 7."""
+    await first_frame(pilot)
+    await show_view(pilot, *FLAME_VIEW)
 
 
 def flame_app(path: Path = TOP_BASELINE, baseline: Path | None = None) -> TopApp:
