@@ -17,7 +17,8 @@ Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, then:
    hottest lock) and to "N collectors ✓" (every collector attached).
 
 `--no-load` leaves the server idle (no kvload): the machine runs nothing but
-the command timed, the condition of issue 16's 2 s target; by default the
+the command timed, the condition the 2 s attach target is stated for
+(docs/record.md, "Attach time"); by default the
 demo load keeps both CPUs busy, and the compile shares them with it.
 
 `--tree DIR` runs the kvprof of another checkout (its .venv), e.g. the main
