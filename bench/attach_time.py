@@ -17,7 +17,8 @@ Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, then:
    hottest lock) and to "N collectors ✓" (every collector attached).
 
 `--no-load` leaves the server idle (no kvload): the machine runs nothing but
-the command timed, the condition of issue 16's 2 s target; by default the
+the command timed, the condition the 2 s attach target is stated for
+(docs/record.md, "Attach time"); by default the
 demo load keeps both CPUs busy, and the compile shares them with it.
 
 `--tree DIR` runs the kvprof of another checkout (its .venv), e.g. the main
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,6 +78,28 @@ def timed_record(pid: int, out: Path, extra: list[str], tree: Path) -> tuple[dic
         print(f"attach_time: {' '.join(argv)} failed: {' | '.join(lines[-3:])}", file=sys.stderr)
         marks.setdefault("attached", float("nan"))
     return marks, next((x.strip() for x in lines if "attached" in x), "")
+
+
+Rest = Callable[[dict[str, float], str], str]  # a run's marks and "attached" line -> the end of its line
+
+
+def record_runs(
+    runs: int, label: str, pid: int, out: Path, extra: list[str], tree: Path, rest: Rest
+) -> list[dict[str, float]]:
+    """`record EXTRA`, `runs` times, each printed as it ends: "LABEL, run N: attached
+    after S s, " and `rest` of its marks and its "attached" line."""
+    found = []
+    for i in range(runs):
+        m, text = timed_record(pid, out, extra, tree)
+        found.append(m)
+        print(f"  {label}, run {i + 1}: attached after {m['attached']:5.2f} s, {rest(m, text)}", flush=True)
+    return found
+
+
+def spread(runs: list[dict[str, float]], mark: str, unit: str = " s") -> str:
+    """'M UNIT (min A, max B)': the median and the range of one mark over the runs."""
+    values = [m[mark] for m in runs]
+    return f"{statistics.median(values):.2f}{unit} (min {min(values):.2f}, max {max(values):.2f})"
 
 
 def timed_top(pid: int, tree: Path) -> tuple[float, float]:
@@ -124,27 +148,15 @@ def main() -> int:
         how = "idle" if load is None else "under the demo load"
         print(f"kvprof of {tree} ({git_head(tree)}); kvcached PID {server.pid} (baseline, 2 workers) "
               f"{how}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-        full = []
-        for i in range(a.runs):
-            m, text = timed_record(server.pid, tmp / "full.json.gz", ["-d", "2"], tree)
-            full.append(m)
-            print(f"  record -d 2, run {i + 1}: attached after {m['attached']:5.2f} s, exit after "
-                  f"{m['exit']:5.2f} s  ({text})", flush=True)  # fmt: skip
-        att = [m["attached"] for m in full]
-        exits = [m["exit"] for m in full]
-        print(f"record -d 2: attached after median {statistics.median(att):.2f} s (min {min(att):.2f}, "
-              f"max {max(att):.2f}); exit after median {statistics.median(exits):.2f} s")  # fmt: skip
-        short = []
-        for i in range(a.runs):
-            m, _ = timed_record(server.pid, tmp / "short.json.gz", ["-d", "0.1"], tree)
-            short.append(m)
-            print(f"  record -d 0.1, run {i + 1}: attached after {m['attached']:5.2f} s, "
-                  f"{m['cpu']:5.2f} CPU s", flush=True)  # fmt: skip
-        cpus = [m["cpu"] for m in short]
-        att = [m["attached"] for m in short]
-        print(f"record -d 0.1: attached after median {statistics.median(att):.2f} s, "
-              f"median {statistics.median(cpus):.2f} CPU s (min {min(cpus):.2f}, max {max(cpus):.2f}); "
-              f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+        full = record_runs(a.runs, "record -d 2", server.pid, tmp / "full.json.gz", ["-d", "2"], tree,
+                           lambda m, text: f"exit after {m['exit']:5.2f} s  ({text})")  # fmt: skip
+        print(f"record -d 2: attached after median {spread(full, 'attached')}; "
+              f"exit after median {statistics.median(m['exit'] for m in full):.2f} s")  # fmt: skip
+        short = record_runs(a.runs, "record -d 0.1", server.pid, tmp / "short.json.gz", ["-d", "0.1"], tree,
+                            lambda m, _: f"{m['cpu']:5.2f} CPU s")  # fmt: skip
+        attached = statistics.median(m["attached"] for m in short)
+        print(f"record -d 0.1: attached after median {attached:.2f} s, "
+              f"median {spread(short, 'cpu', ' CPU s')}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         if not a.no_each:
             print("each collector alone (record --collectors NAME -d 0.1), seconds to 'attached', CPU s:")
             for name in ALL_COLLECTORS:

@@ -28,8 +28,8 @@
 # (debootstrap mounts /proc and /sys in the rootfs while it runs; anything left
 # mounted under the work folder is unmounted). The box is cached in
 # build/vagrant and rebuilt when what it is made from changes (this script,
-# provision's package list, pyproject.toml) or with --rebuild: 9 minutes
-# here on a quiet machine, 17 beside a booting guest (the box is 1.1 GB).
+# provision's package list, pyproject.toml) or with --rebuild (README.md,
+# "`vagrant up` for real", has the times and the box's size).
 # `vagrant box remove kvprof-local/debian12` takes it out of Vagrant.
 #
 # Environment: KVPROF_VAGRANT_DIR (work folder, default build/vagrant),

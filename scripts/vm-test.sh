@@ -35,7 +35,7 @@
 #
 # The first four are cached in build/vm (gitignored) and rebuilt when this
 # script's guest recipe changes or with --rebuild; a fresh clone builds them
-# (about 3 minutes here). Everything this starts is stopped on exit, and it
+# (docs/vm.md has the times). Everything this starts is stopped on exit, and it
 # mounts nothing on the host (debootstrap mounts /proc and /sys inside the
 # rootfs while it runs; anything left mounted under build/vm is unmounted).
 #
@@ -53,8 +53,8 @@ REBUILD=no
 KEEP=no
 GUEST_TIMEOUT=${KVPROF_VM_TIMEOUT:-600}
 # qemu64 (SSE2) plus rdtscp, which kvcached's cycle counts use: with -cpu
-# max, glibc and LLVM pick AVX code paths that TCG emulates slowly, and the
-# guest run took 2.5x as long here (record 149 s against 64 s).
+# max, glibc and LLVM pick AVX code paths that TCG emulates slowly (docs/vm.md
+# has the guest's record with each).
 GUEST_CPU=${KVPROF_VM_CPU:-qemu64,+rdtscp}
 SUITE=bookworm
 # What the guest needs (see above). Changing this list rebuilds the image.

@@ -1,13 +1,17 @@
-"""What several test modules share: the kvprof command runner, kvload under a
-test, waiting, the probe semaphores and what we hold in the kernel, the SVG
-reader, the Prometheus exposition parser and the hand-made profiles.
+"""What several test modules share: the kvprof command runner, the servers under
+test (clean exit, memcached's flags, RSS), the raw wire client (tests/wire_client.py),
+kvload under a test, waiting, the probe semaphores and what we hold in the kernel,
+the contend workload, running as an unprivileged user, the SVG reader, the
+Prometheus exposition parser, the `kvprof top` app and the hand-made profiles.
 
-Test modules import from here (and fixtures come from conftest.py); no test
-module imports another (tests/test_layers.py checks it).
+Test modules and conftest.py import from here; conftest.py holds only the
+fixtures and hooks; no test module imports another or conftest.py
+(tests/test_layers.py checks it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import ctypes
@@ -17,10 +21,13 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import pytest
+from wire_client import Value, Wire
 
 from kvprof import REPO
 from kvprof.collect import CollectOptions
@@ -44,6 +51,14 @@ from kvprof.model.profile import (
 )
 from kvprof.system.servers import Server, kvload_binary
 
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from kvprof.tui.app import TopApp
+    from kvprof.tui.sources import Source
+
+__all__ = ["Value", "Wire"]  # the wire client, shared from here like everything else
+
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
 
 TESTS = Path(__file__).resolve().parent
@@ -52,7 +67,7 @@ FIXTURES = TESTS / "fixtures"
 SMALL = GOLDEN / "flame-small.json"  # a hand-made profile for the flame-graph exports
 TOP_BASELINE = FIXTURES / "top-baseline.json"  # a recorded kvcached baseline profile
 
-# ---- running kvprof ----------------------------------------------------------------
+# ---- running kvprof --------------------------------------------------------------------
 
 # `kvprof ...` as a user runs it: this tree's package under the test's interpreter
 KVPROF = [sys.executable, "-m", "kvprof"]
@@ -67,9 +82,32 @@ def kvprof(
     )
 
 
-def record(pid: int, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`kvprof record -p PID -o OUT -q ARGS`."""
-    return kvprof("record", "-p", str(pid), "-o", str(out), "-q", *args, timeout=timeout)
+def record_args(pid: int, out: Path | str, *args: str) -> list[str]:
+    """`record -p PID -o OUT ARGS`: what follows KVPROF for a test that starts record itself."""
+    return ["record", "-p", str(pid), "-o", str(out), *args]
+
+
+def record(
+    pid: int, out: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kvprof record -p PID -o OUT -q ARGS` to the end."""
+    return kvprof(*record_args(pid, out, "-q", *args), timeout=timeout, env=env)
+
+
+def start_record(pid: int, out: Path | str, *args: str) -> subprocess.Popen[str]:
+    """`kvprof record -p PID -o OUT ARGS` started, its stderr piped for the test to read."""
+    return subprocess.Popen([*KVPROF, *record_args(pid, out, *args)], stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """`proc` for the block; killed and waited for after it if still running (when the block failed)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.05) -> bool:
@@ -80,6 +118,88 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float 
             return False
         time.sleep(step)
     return True
+
+
+# ---- servers under test ----------------------------------------------------------------
+
+SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
+
+
+def assert_clean_exit(server: Server) -> None:
+    """Stop `server`: it exits 0 and its log holds no sanitizer report."""
+    status = server.stop()
+    log = server.log()
+    report = SANITIZER_REPORT.search(log)
+    assert report is None, f"sanitizer report from {server.argv}:\n{log[-4000:]}"
+    assert status == 0, f"{server.argv} exited with {status}:\n{log[-2000:]}"
+
+
+def _kilobytes(size: str) -> int:
+    """A size as -I takes it (`65536`, `64k`, `1m`) in KB."""
+    scale = {"k": 1024, "m": 1024 * 1024}.get(size[-1].lower())
+    return (int(size[:-1]) * scale if scale else int(size)) // 1024
+
+
+def memcached_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """kvcached flags as memcached's; skips the calling test on a kvcached-only flag."""
+    out: list[str] = []
+    threads, conns = 4, None
+    it = iter(args)
+    for flag in it:
+        if flag in ("-t", "-m", "-I"):
+            value = next(it)
+            out += [flag, value]
+            if flag == "-t":
+                threads = int(value)
+            if flag == "-I":
+                # memcached refuses an -I below its 512 KB slab chunk limit
+                # unless that limit (in KB) comes down with it. 1.6.18
+                # segfaults storing small items when the limit is below -I,
+                # or when -I is below 128k (seen with 64k and 96k).
+                kb = _kilobytes(value)
+                if kb < 128:
+                    pytest.skip(f"memcached 1.6.18 crashes with -I {value}: use -I 128k or more")
+                if kb < 1024:
+                    out += ["-o", f"slab_chunk_max={kb}"]
+        elif flag == "-c":
+            conns = int(next(it))
+        elif re.fullmatch(r"-v+", flag):
+            out.append(flag)
+        else:
+            pytest.skip(f"{flag} has no memcached equivalent (KVPROF_TEST_AGAINST=memcached)")
+    if conns is not None:
+        # memcached 1.6 counts its own descriptors (stdio, listener, 4 per
+        # worker) against -c and sets RLIMIT_NOFILE from it; measured on
+        # 1.6.18, `-t T -c C` serves C - 8 - 4T clients. Add them back so
+        # `-c N` means N clients on both servers.
+        out += ["-c", str(conns + 8 + 4 * threads)]
+    return out
+
+
+def vmrss_mb(pid: int) -> float:
+    """Resident set size of a process, from /proc/PID/status."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def sanitized(pid: int) -> bool:
+    """True when the process runs with AddressSanitizer."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any("libasan" in line for line in f)
+
+
+def bpf_unavailable() -> str | None:
+    """Why BPF tests cannot run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root to load BPF programs (run `make test` as root or with sudo)"
+    try:
+        import bcc  # noqa: F401  (distribution package python3-bpfcc)
+    except ImportError as e:
+        return f"BCC is not importable ({e}): run scripts/provision.sh"
+    return None
 
 
 # ---- kvload against a test's server ----------------------------------------------------
@@ -194,6 +314,16 @@ def worker_tids(server: Server) -> dict[int, int]:
     return out
 
 
+def pin_workers(server: Server) -> None:
+    """kv-worker-N on CPU N (mod the CPUs there are): a per-thread line then stays on its
+    CPU, so what the fixed design still shows is not the scheduler moving threads around."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for tid in os.listdir(f"/proc/{server.pid}/task"):
+        name = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
+        if name.startswith("kv-worker-"):
+            os.sched_setaffinity(int(tid), {cpus[int(name.rsplit("-", 1)[1]) % len(cpus)]})
+
+
 # ---- what this process holds in the kernel ---------------------------------------------
 
 
@@ -277,6 +407,76 @@ def snapshot(pid: int, collectors: list[Any]) -> Profile:
     for c in collectors:
         c.contribute(profile)
     return profile
+
+
+# BPF's own frames and the tracing glue that runs a program (`_einittext` is
+# what a program's address resolves to from a stale /proc/kallsyms read).
+BPF_FRAME = re.compile(
+    r"(bpf_prog_|bpf_trace_run|__bpf_trace_|bpf_overflow_handler|__traceiter_|trace_call_bpf|perf_trace_"
+    r"|trace_event_raw_event_|__uprobe_perf_func|uprobe_perf_func|perf_syscall_(enter|exit)|_einittext)"
+)
+
+
+def bpf_frames(profile: Profile) -> dict[str, list[list[str]]]:
+    """The stacks of each kind (oncpu, offcpu, futex, locks) with a BPF frame in them."""
+    kinds = {
+        "oncpu": [s.frames for s in profile.oncpu],
+        "offcpu": [s.frames for s in profile.offcpu.stacks],
+        "futex": [w.frames for w in profile.offcpu.futex],
+        "locks": [s.frames for lk in profile.locks for s in lk.stacks],
+    }
+    found = {k: [f for f in stacks if any(BPF_FRAME.match(x) for x in f)] for k, stacks in kinds.items()}
+    return {k: v for k, v in found.items() if v}
+
+
+# ---- a known C workload without kvs probes (tests/programs/contend.c) ------------------
+
+CONTEND_SOURCE = TESTS / "programs" / "contend.c"
+
+
+def stop_contend(proc: subprocess.Popen[bytes]) -> None:
+    """Close its stdin (it exits on EOF); kill it if it does not."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+# ---- running as an unprivileged user (65534) -------------------------------------------
+
+NOBODY = 65534
+
+
+class Unprivileged(NamedTuple):
+    """kvprof, kvcached and py-spy copied where user 65534 can read them: the
+    tree under test may sit in a folder only its owner can enter (a 0700
+    `mktemp -d`, root's home). Its commands run from /, with nothing but this."""
+
+    root: Path
+    python: str  # the interpreter behind the venv's, outside the tree
+    kvcached: str
+    env: dict[str, str]
+
+    def kvprof(self, *args: str) -> list[str]:
+        return [self.python, "-m", "kvprof.cli", *args]
+
+    def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd="/",
+            env=self.env,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+        )
 
 
 # ---- flame-graph SVGs ------------------------------------------------------------------
@@ -364,6 +564,81 @@ def exposition(families: Any) -> dict[str, list[Any]]:
     return out
 
 
+# ---- `kvprof top` ----------------------------------------------------------------------
+
+FROZEN = 1_800_000_000.0  # the clock of every app built here: the file names it stamps stay fixed
+
+
+def top_app(
+    source: Source | None = None,
+    interval: float = 1.0,
+    out_dir: Path | str = "/nonexistent",
+    baseline: Profile | None = None,
+) -> TopApp:
+    """The production `kvprof top` app as the tests drive it: over `source` (by default
+    the replay of TOP_BASELINE), writing its files into `out_dir`, its clock frozen;
+    `baseline` is what the Flame view's diff compares with (top --baseline)."""
+    from kvprof.tui.app import TopApp
+    from kvprof.tui.sources import ReplaySource
+
+    if source is None:
+        source = ReplaySource(TOP_BASELINE)
+    return TopApp(source, interval=interval, out_dir=out_dir, clock=lambda: FROZEN, baseline=baseline)
+
+
+FLAME_VIEW = ("7", "flame")  # the key that shows the Flame view, and its tab
+
+
+async def until(pilot: Pilot[Any], check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Let the app run until `check()` holds or `timeout` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await pilot.pause(0.05)
+    return check()
+
+
+async def first_frame(pilot: Pilot[Any]) -> None:
+    """Wait for the app's first frame, as a person would before looking."""
+    app = pilot.app
+    assert await until(pilot, lambda: app.frames > 0), app.error
+    await pilot.pause()
+
+
+async def show_view(pilot: Pilot[Any], key: str, view: str) -> None:
+    """Press `key` until `view` is the active tab: a key pressed that early can be undone
+    by the focus Textual gives Overview's table at start (its TabPane.Focused arrives late)."""
+    from textual.widgets import TabbedContent
+
+    tabs = pilot.app.query_one(TabbedContent)
+    for _ in range(5):
+        await pilot.press(key)
+        await pilot.pause(0.2)
+        if tabs.active == view:
+            break
+    assert tabs.active == view
+
+
+def drive(
+    app: TopApp,
+    script: Callable[[Pilot[Any]], Awaitable[None]],
+    size: tuple[int, int] = (80, 24),
+    view: tuple[str, str] | None = None,
+) -> None:
+    """Run `app` in Textual's test harness at `size`: its first frame, then `view`
+    ((key, tab) as FLAME_VIEW) when given, then `script`."""
+
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await first_frame(pilot)
+            if view is not None:
+                await show_view(pilot, *view)
+            await script(pilot)
+
+    asyncio.run(go())
+
+
 # ---- profiles --------------------------------------------------------------------------
 
 
@@ -391,9 +666,10 @@ def halved(p: Profile) -> Profile:
 
 
 # The hand-made kvcached profiles of test_analysis and test_report: shaped like
-# a 5 s recording of kvcached -t 2 under kvload, --preset baseline and --preset
-# fixed; the numbers follow docs/demo.md (~700k ops/s, ~15k topkeys waits/s,
-# ~34 ms/s of waiting) and probes sampled 1 in 64 (kvcached --probe-sample 64).
+# a recording of kvcached -t 2 under kvload, --preset baseline and --preset
+# fixed; the rates (operations, topkeys waits and time waiting per second)
+# follow the run in docs/demo.md, and the probes are sampled 1 in RATE as
+# kvcached --probe-sample samples them.
 # tests/golden/report-baseline.txt is the baseline's report, byte for byte.
 
 MAIN, W0, W1 = "4100", "4101", "4102"
@@ -539,7 +815,8 @@ def baseline_profile() -> Profile:
         stacks=[LockStack([*WORKER, "process_get", "item_get", "kv_lock_contended"], 40, 600_000)],
     )
     both = [W0, W1]
-    # ~700k updates/s per site = 55k samples in 5 s at 1 in 64; 40 % of them find the line elsewhere
+    # each site updated at docs/demo.md's request rate, sampled 1 in RATE for DURATION;
+    # 40 % of the samples find the line on the other CPU
     lines = [
         _line("collect_timings", 0x55D0_0001_0040, 40_000, 16_000, 240.0, both),
         _line("collect_timings", 0x55D0_0001_0080, 15_000, 6_000, 230.0, both),

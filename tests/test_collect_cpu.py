@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bpf_frames, stop_contend
-from support import collecting, our_bpf_fds, snapshot
+from support import bpf_frames, collecting, our_bpf_fds, snapshot, stop_contend
 
 from kvprof.collect import CollectOptions
 from kvprof.model.profile import Profile

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import pin_workers
-from support import assert_detached, worker_tids
+from support import assert_detached, pin_workers, worker_tids
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.cachelines import CachelinesCollector, classify_transfers
@@ -29,7 +28,7 @@ from kvprof.system.servers import Server, kvload_binary
 
 SITES = ["collect_timings", "on_create_item", "on_delete_item", "account_memory"]
 ITEMS = 2000
-ENOUGH_WAITS, ENOUGH_ROUNDS = 20, 6  # topkeys waits the baseline test loads for, at most 6 x 3 s
+ENOUGH_WAITS, ENOUGH_ROUNDS = 20, 6  # topkeys waits the baseline test loads for, in rounds of load
 # Several connections, small batches: both workers busy at once, so shared
 # lines bounce between samples (large batches let one worker run alone).
 LOAD = ["--num-threads", "1", "--connections", "8", "--batch-size", "8", "--set-pct", "5",

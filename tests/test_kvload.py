@@ -45,6 +45,20 @@ def last_json(out: str) -> dict[str, Any]:
     return result
 
 
+def kvload_json(server: Server, *args: str, status: int = 0) -> dict[str, Any]:
+    """`kvload ARGS --json` against `server`: it exits `status`; its last stdout line, parsed."""
+    r = kvload(server, *args, "--json")
+    assert r.returncode == status, r.stderr
+    return last_json(r.stdout)
+
+
+def fixed_work(threads: int, connections: int, batch: int, cycles: int) -> tuple[list[str], int]:
+    """kvload's flags for a fixed amount of work, and the requests it makes:
+    threads x connections x cycles x batch."""
+    flags = [f"--num-threads={threads}", f"--connections={connections}", f"--batch-size={batch}"]
+    return [*flags, f"--num-cycles={cycles}"], threads * connections * cycles * batch
+
+
 def test_usage_errors_are_one_line_and_exit_64() -> None:
     """Bad options are refused with one readable line and status 64, before connecting."""
     for args in (
@@ -107,22 +121,10 @@ def test_cannot_connect_exits_2() -> None:
 def test_exact_counts_for_a_fixed_number_of_cycles(kvcached_factory: Callable[..., Server]) -> None:
     """threads x connections x cycles x batch requests, split exactly into gets/sets and hits/misses."""
     server = kvcached_factory("-t", "2")
-    r = kvload(
-        server,
-        "--num-threads=2",
-        "--connections=3",
-        "--batch-size=25",
-        "--num-cycles=40",
-        "--set-pct=30",
-        "--num-items=500",
-        "--min-size=16",
-        "--max-size=64",
-        "--json",
-    )
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
+    work, requests = fixed_work(threads=2, connections=3, batch=25, cycles=40)
+    out = kvload_json(server, *work, "--set-pct=30", "--num-items=500", "--min-size=16", "--max-size=64")
     assert out.keys() >= JSON_KEYS and {"p50", "p99", "p999", "max"} <= out["latency_us"].keys()
-    assert out["ops"] == 2 * 3 * 40 * 25
+    assert out["ops"] == requests
     assert out["gets"] + out["sets"] == out["ops"]
     assert out["hits"] + out["misses"] == out["gets"]
     assert out["misses"] == 0  # populated first
@@ -138,9 +140,7 @@ def test_exact_counts_for_a_fixed_number_of_cycles(kvcached_factory: Callable[..
 def test_no_population_counts_misses(kvcached_factory: Callable[..., Server]) -> None:
     """Without population an empty server answers every get with a miss."""
     server = kvcached_factory("-t", "1")
-    r = kvload(server, "--no-population", "--set-pct=0", "--batch-size=10", "--num-cycles=20", "--json")
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
+    out = kvload_json(server, "--no-population", "--set-pct=0", "--batch-size=10", "--num-cycles=20")
     assert out["gets"] == out["misses"] == 200 and out["hits"] == 0
 
 
@@ -158,22 +158,10 @@ def test_verify_with_half_sets_finds_no_mismatch(
 ) -> None:
     """--verify, 50 % sets, 2 threads, zipf keys: every value read checks out, against both servers."""
     server = kvcached_factory("-t", "2") if peer == "kvcached" else memcached_factory("-t", "2")
-    r = kvload(
-        server,
-        "--verify",
-        "--set-pct=50",
-        "--num-threads=2",
-        "--connections=2",
-        "--batch-size=20",
-        "--num-cycles=100",
-        "--num-items=300",
-        "--key-dist=zipf:0.99",
-        "--json",
-    )
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
+    work, requests = fixed_work(threads=2, connections=2, batch=20, cycles=100)
+    out = kvload_json(server, "--verify", "--set-pct=50", *work, "--num-items=300", "--key-dist=zipf:0.99")
     assert out["verify_mismatches"] == 0 and out["errors"] == 0
-    assert out["hits"] > 0 and out["ops"] == 2 * 2 * 100 * 20
+    assert out["hits"] > 0 and out["ops"] == requests
 
 
 def test_verify_catches_a_value_changed_behind_its_back(kvcached_factory: Callable[..., Server]) -> None:
@@ -183,19 +171,15 @@ def test_verify_catches_a_value_changed_behind_its_back(kvcached_factory: Callab
     with socket.create_connection((server.host, server.port), timeout=5) as s:
         s.sendall(b"set kvload:0 0 0 64\r\n" + b"x" * 64 + b"\r\n")
         assert s.recv(100) == b"STORED\r\n"
-    r = kvload(
-        server, "--no-population", "--verify", "--num-items=1", "--set-pct=0", "--num-cycles=3", "--json"
+    out = kvload_json(
+        server, "--no-population", "--verify", "--num-items=1", "--set-pct=0", "--num-cycles=3", status=1
     )
-    assert r.returncode == 1
-    out = last_json(r.stdout)
     assert out["verify_mismatches"] == 3 and out["hits"] == 3
 
 
 def test_json_against_memcached(memcached_factory: Callable[..., Server]) -> None:
     """Against Debian's memcached the --json object has the same contract."""
     server = memcached_factory("-t", "2")
-    r = kvload(server, "--duration=0.5", "--batch-size=10", "--json")
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
+    out = kvload_json(server, "--duration=0.5", "--batch-size=10")
     assert out.keys() >= JSON_KEYS
     assert out["ops"] > 0 and out["errors"] == 0 and 0.4 < out["duration_s"] < 5

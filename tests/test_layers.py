@@ -232,8 +232,8 @@ def test_a_room_imports_no_later_stage_even_inside_functions(room: str) -> None:
 
 
 def test_no_test_module_imports_another() -> None:
-    """Tests share helpers through tests/support.py (and fixtures through conftest.py)."""
-    test_modules = {p.stem for p in TESTS.glob("test_*.py")}
+    """Tests share helpers through tests/support.py: none imports a test module or conftest.py."""
+    test_modules = {p.stem for p in TESTS.glob("test_*.py")} | {"conftest"}
     found = [
         f"{p.name} imports {root}"
         for p in sorted(TESTS.glob("*.py"))

@@ -19,7 +19,6 @@ import contextlib
 import ctypes
 import gc
 import re
-import socket
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from typing import Any
 
 import load
 import pytest
-from support import assert_detached, probe_notes, semaphores, worker_tids
+from support import Wire, assert_detached, probe_notes, semaphores, worker_tids
 
 from kvprof import REPO
 from kvprof.collect import cdefs
@@ -222,32 +221,6 @@ def cstr(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
 
 
-class Wire:
-    """One connection; `call` sends a command and reads its whole reply."""
-
-    def __init__(self, server: Server) -> None:
-        self.sock = socket.create_connection((server.host, server.port), timeout=10)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def call(self, line: str, data: bytes | None = None) -> bytes:
-        payload = line.encode() + b"\r\n" + (data + b"\r\n" if data is not None else b"")
-        self.sock.sendall(payload)
-        multi = line.split()[0] in ("get", "gets", "gat", "gats", "stats")
-        buf = b""
-        while True:
-            chunk = self.sock.recv(65536)
-            assert chunk, f"server closed the connection after {line!r}"
-            buf += chunk
-            if multi and (
-                buf.endswith(b"END\r\n") or buf.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR"))
-            ):
-                return buf
-            if not multi and buf.endswith(b"\r\n"):
-                return buf
-
-
 # ---- conn__open / conn__close -------------------------------------------
 
 CONN_BPF = r"""
@@ -287,8 +260,8 @@ def test_conn_open_close_fire_once_per_connection(kvcached_factory: Callable[...
     with attached(server, CONN_BPF, {"conn__open": "on_open", "conn__close": "on_close"}) as att:
         perf = att.perf()
         for _ in range(nconn):
-            w = Wire(server)
-            assert w.call("version").startswith(b"VERSION ")
+            w = Wire(server, timeout=10)
+            assert w.command("version").startswith(b"VERSION ")
             w.close()
         events = perf.poll_until(lambda ev: sum(e["kind"] == 1 for e in ev) >= nconn)
     opens = [(e["fd"], e["worker"]) for e in events if e["kind"] == 0]
@@ -395,10 +368,10 @@ def test_cmd_start_done_report_each_request(kvcached_factory: Callable[..., Serv
     expected = [r for *_, reqs in CMD_SCRIPT for r in reqs]
     with attached(server, CMD_BPF, {"cmd__start": "on_start", "cmd__done": "on_done"}) as att:
         perf = att.perf()
-        w = Wire(server)
+        w = Wire(server, timeout=10)
         try:
             for line, data, reply, _ in CMD_SCRIPT:
-                got = w.call(line, data)
+                got = w.command(line, data)
                 assert got.startswith(reply), f"{line!r} -> {got!r}"
         finally:
             w.close()
@@ -524,20 +497,20 @@ def test_item_create_delete_with_reasons(kvcached_factory: Callable[..., Server]
     nbig = 300
     with attached(server, ITEM_BPF, {"item__create": "on_create", "item__delete": "on_delete"}) as att:
         perf = att.perf()
-        w = Wire(server)
+        w = Wire(server, timeout=10)
         try:
             stored = 0
             for i in range(5):
-                assert w.call(f"set ia-{i} 0 0 {len(small)}", small) == b"STORED\r\n"
-            assert w.call(f"set ia-0 0 0 {len(small)}", small) == b"STORED\r\n"  # replace
-            assert w.call("delete ia-1") == b"DELETED\r\n"  # delete
-            assert w.call(f"set ia-exp 0 1 {len(small)}", small) == b"STORED\r\n"
+                assert w.command(f"set ia-{i} 0 0 {len(small)}", small) == b"STORED\r\n"
+            assert w.command(f"set ia-0 0 0 {len(small)}", small) == b"STORED\r\n"  # replace
+            assert w.command("delete ia-1") == b"DELETED\r\n"  # delete
+            assert w.command(f"set ia-exp 0 1 {len(small)}", small) == b"STORED\r\n"
             stored += 7
             time.sleep(2.2)
-            assert w.call("get ia-exp") == b"END\r\n"  # expire, found on access
+            assert w.command("get ia-exp") == b"END\r\n"  # expire, found on access
             before = int(server.stats()["evictions"])
             for i in range(nbig):
-                assert w.call(f"set ib-{i} 0 0 {len(big)}", big) == b"STORED\r\n"
+                assert w.command(f"set ib-{i} 0 0 {len(big)}", big) == b"STORED\r\n"
             stored += nbig
             evictions = int(server.stats()["evictions"]) - before
         finally:
@@ -781,11 +754,11 @@ def test_stats_collect_names_the_group(kvcached_factory: Callable[..., Server], 
     server = kvcached_factory("--preset", preset, "-t", "2")
     with attached(server, STATS_BPF, {"stats__collect": "on_collect"}) as att:
         perf = att.perf()
-        w = Wire(server)
+        w = Wire(server, timeout=10)
         try:
-            assert w.call("set sc-key 0 0 1", b"1") == b"STORED\r\n"
-            assert w.call("stats timings").endswith(b"END\r\n")
-            assert w.call("stats topkeys").endswith(b"END\r\n")
+            assert w.command("set sc-key 0 0 1", b"1") == b"STORED\r\n"
+            assert w.command("stats timings").endswith(b"END\r\n")
+            assert w.command("stats topkeys").endswith(b"END\r\n")
         finally:
             w.close()
         events = perf.poll_until(lambda ev: len(ev) >= 2, timeout=2.0)

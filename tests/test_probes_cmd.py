@@ -14,8 +14,7 @@ from pathlib import Path
 
 import load
 import pytest
-from conftest import NOBODY, Unprivileged
-from support import KVPROF, kvprof
+from support import KVPROF, NOBODY, Unprivileged, kvprof
 
 from kvprof import REPO
 from kvprof.collect.elf import ElfFile, open_process, read_probes

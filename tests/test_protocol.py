@@ -10,6 +10,7 @@ not kvcached's own habits.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
-from support import wait_until
+from support import Wire, wait_until
 
 from kvprof.system.servers import Server
 
@@ -74,17 +75,28 @@ GENERAL_STATS = [
 ]
 
 
-def memcache_client(server: Server) -> Client:
+@contextlib.contextmanager
+def memcache_client(server: Server) -> Iterator[Client]:
+    """pymemcache connected to `server` for the block, then closed."""
     # pymemcache defaults to noreply for stores; the tests want every reply.
-    return Client((server.host, server.port), connect_timeout=5, timeout=5, default_noreply=False)
+    c = Client((server.host, server.port), connect_timeout=5, timeout=5, default_noreply=False)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture
 def client(kvcached: Server) -> Iterator[Client]:
     """pymemcache connected to the `kvcached` fixture's server."""
-    c = memcache_client(kvcached)
-    yield c
-    c.close()
+    with memcache_client(kvcached) as c:
+        yield c
+
+
+@pytest.fixture
+def conn(kvcached: Server, wire: Callable[..., Wire]) -> Wire:
+    """A raw connection to the `kvcached` fixture's server (its transcript kept for a failure)."""
+    return wire(kvcached)
 
 
 def counters(server: Server, *names: str) -> dict[str, int]:
@@ -100,32 +112,28 @@ def deltas(before: dict[str, int], server: Server) -> dict[str, int]:
 # --- retrieval -------------------------------------------------------------
 
 
-def test_set_then_get_transcript(kvcached: Server, wire) -> None:
+def test_set_then_get_transcript(conn: Wire) -> None:
     """`set` answers STORED and `get` returns the value with its flags and length."""
-    w = wire(kvcached)
-    assert w.call(b"set foo 5 0 3\r\nbar\r\n") == b"STORED\r\n"
-    assert w.call(b"get foo\r\n", b"END\r\n") == b"VALUE foo 5 3\r\nbar\r\nEND\r\n"
+    assert conn.call(b"set foo 5 0 3\r\nbar\r\n") == b"STORED\r\n"
+    assert conn.call(b"get foo\r\n", b"END\r\n") == b"VALUE foo 5 3\r\nbar\r\nEND\r\n"
 
 
-def test_get_miss_is_bare_end(kvcached: Server, wire) -> None:
+def test_get_miss_is_bare_end(conn: Wire) -> None:
     """A `get` of a missing key answers END alone."""
-    w = wire(kvcached)
-    assert w.call(b"get nothing-here\r\n") == b"END\r\n"
+    assert conn.call(b"get nothing-here\r\n") == b"END\r\n"
 
 
-def test_flags_are_32_bit_and_returned_verbatim(kvcached: Server, wire) -> None:
+def test_flags_are_32_bit_and_returned_verbatim(conn: Wire) -> None:
     """Client flags round-trip unchanged up to 2^32-1."""
-    w = wire(kvcached)
-    assert w.call(b"set f 4294967295 0 1\r\nx\r\n") == b"STORED\r\n"
-    assert w.values(b"get f\r\n")[0].flags == 4294967295
+    assert conn.call(b"set f 4294967295 0 1\r\nx\r\n") == b"STORED\r\n"
+    assert conn.values(b"get f\r\n")[0].flags == 4294967295
 
 
-def test_multi_get_returns_hits_in_request_order(kvcached: Server, wire) -> None:
+def test_multi_get_returns_hits_in_request_order(conn: Wire) -> None:
     """A multi-key `get` returns one VALUE per hit, in request order, and skips misses."""
-    w = wire(kvcached)
     for key in (b"a", b"b", b"c"):
-        assert w.call(b"set %s 0 0 2\r\nv%s\r\n" % (key, key)) == b"STORED\r\n"
-    found = w.values(b"get c miss1 a miss2 b\r\n")
+        assert conn.call(b"set %s 0 0 2\r\nv%s\r\n" % (key, key)) == b"STORED\r\n"
+    found = conn.values(b"get c miss1 a miss2 b\r\n")
     assert [(v.key, v.data) for v in found] == [(b"c", b"vc"), (b"a", b"va"), (b"b", b"vb")]
 
 
@@ -135,49 +143,45 @@ def test_multi_get_with_pymemcache(client: Client) -> None:
     assert client.get_many(["k1", "nope", "k2", "nope2"]) == {"k1": b"one", "k2": b"two"}
 
 
-def test_get_duplicate_keys_returns_one_value_per_mention(kvcached: Server, wire) -> None:
+def test_get_duplicate_keys_returns_one_value_per_mention(conn: Wire) -> None:
     """A key named twice in one `get` is returned twice."""
-    w = wire(kvcached)
-    assert w.call(b"set a 0 0 1\r\nx\r\n") == b"STORED\r\n"
-    assert w.call(b"get a a b\r\n", b"END\r\n") == b"VALUE a 0 1\r\nx\r\nVALUE a 0 1\r\nx\r\nEND\r\n"
+    assert conn.call(b"set a 0 0 1\r\nx\r\n") == b"STORED\r\n"
+    assert conn.call(b"get a a b\r\n", b"END\r\n") == b"VALUE a 0 1\r\nx\r\nVALUE a 0 1\r\nx\r\nEND\r\n"
 
 
-def test_gets_cas_unique_is_stable_until_the_item_changes(kvcached: Server, wire) -> None:
+def test_gets_cas_unique_is_stable_until_the_item_changes(conn: Wire) -> None:
     """`gets` returns a cas unique that stays the same on re-read and changes on every store."""
-    w = wire(kvcached)
-    w.call(b"set a 0 0 1\r\nx\r\n")
-    w.call(b"set b 0 0 1\r\ny\r\n")
-    first = {v.key: v.cas for v in w.values(b"gets a b\r\n")}
+    conn.call(b"set a 0 0 1\r\nx\r\n")
+    conn.call(b"set b 0 0 1\r\ny\r\n")
+    first = {v.key: v.cas for v in conn.values(b"gets a b\r\n")}
     assert set(first) == {b"a", b"b"} and None not in first.values()
     assert first[b"a"] != first[b"b"]
-    assert w.values(b"gets a\r\n")[0].cas == first[b"a"]
-    w.call(b"set a 0 0 1\r\nz\r\n")
-    again = w.values(b"gets a\r\n")[0]
+    assert conn.values(b"gets a\r\n")[0].cas == first[b"a"]
+    conn.call(b"set a 0 0 1\r\nz\r\n")
+    again = conn.values(b"gets a\r\n")[0]
     assert again.data == b"z" and again.cas != first[b"a"]
-    w.call(b"append a 0 0 1\r\n!\r\n")
-    assert w.values(b"gets a\r\n")[0].cas not in (first[b"a"], again.cas)
+    conn.call(b"append a 0 0 1\r\n!\r\n")
+    assert conn.values(b"gets a\r\n")[0].cas not in (first[b"a"], again.cas)
 
 
-def test_gat_returns_value_and_gats_its_cas(kvcached: Server, wire) -> None:
+def test_gat_returns_value_and_gats_its_cas(conn: Wire) -> None:
     """`gat`/`gats` return the value (gats with the same cas as gets); a miss is END."""
-    w = wire(kvcached)
-    w.call(b"set k 3 0 5\r\nhello\r\n")
-    cas = w.values(b"gets k\r\n")[0].cas
-    assert w.call(b"gat 100 k\r\n", b"END\r\n") == b"VALUE k 3 5\r\nhello\r\nEND\r\n"
-    [value] = w.values(b"gats 100 k\r\n")
+    conn.call(b"set k 3 0 5\r\nhello\r\n")
+    cas = conn.values(b"gets k\r\n")[0].cas
+    assert conn.call(b"gat 100 k\r\n", b"END\r\n") == b"VALUE k 3 5\r\nhello\r\nEND\r\n"
+    [value] = conn.values(b"gats 100 k\r\n")
     assert (value.data, value.flags, value.cas) == (b"hello", 3, cas)
-    assert w.call(b"gat 100 missing\r\n") == b"END\r\n"
-    assert [v.key for v in w.values(b"gat 100 missing k\r\n")] == [b"k"]
+    assert conn.call(b"gat 100 missing\r\n") == b"END\r\n"
+    assert [v.key for v in conn.values(b"gat 100 missing k\r\n")] == [b"k"]
 
 
-def test_gat_extends_ttl(kvcached: Server, wire) -> None:
+def test_gat_extends_ttl(conn: Wire) -> None:
     """`gat` sets a new expiry: an item about to expire survives past its old TTL."""
-    w = wire(kvcached)
-    w.call(b"set kept 0 1 1\r\nx\r\n")
-    w.call(b"set control 0 1 1\r\ny\r\n")
-    assert [v.key for v in w.values(b"gat 100 kept\r\n")] == [b"kept"]
-    assert wait_until(lambda: w.get(b"control") is None, timeout=4), "control key did not expire"
-    assert w.get(b"kept") == b"x"
+    conn.call(b"set kept 0 1 1\r\nx\r\n")
+    conn.call(b"set control 0 1 1\r\ny\r\n")
+    assert [v.key for v in conn.values(b"gat 100 kept\r\n")] == [b"kept"]
+    assert wait_until(lambda: conn.get(b"control") is None, timeout=4), "control key did not expire"
+    assert conn.get(b"kept") == b"x"
 
 
 # --- storage ---------------------------------------------------------------
@@ -190,71 +194,64 @@ def test_set_overwrites(client: Client) -> None:
     assert client.raw_command("get k", "END\r\n") == b"VALUE k 2 4\r\ntwo!\r\n"
 
 
-def test_add_stores_only_missing_keys(kvcached: Server, wire) -> None:
+def test_add_stores_only_missing_keys(conn: Wire) -> None:
     """`add` stores a missing key (STORED) and refuses an existing one (NOT_STORED)."""
-    w = wire(kvcached)
-    assert w.call(b"add k 0 0 1\r\na\r\n") == b"STORED\r\n"
-    assert w.call(b"add k 0 0 1\r\nb\r\n") == b"NOT_STORED\r\n"
-    assert w.get(b"k") == b"a"
+    assert conn.call(b"add k 0 0 1\r\na\r\n") == b"STORED\r\n"
+    assert conn.call(b"add k 0 0 1\r\nb\r\n") == b"NOT_STORED\r\n"
+    assert conn.get(b"k") == b"a"
 
 
-def test_replace_stores_only_existing_keys(kvcached: Server, wire) -> None:
+def test_replace_stores_only_existing_keys(conn: Wire) -> None:
     """`replace` refuses a missing key (NOT_STORED) and replaces an existing one."""
-    w = wire(kvcached)
-    assert w.call(b"replace k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
-    assert w.get(b"k") is None
-    w.call(b"set k 0 0 1\r\na\r\n")
-    assert w.call(b"replace k 7 0 1\r\nb\r\n") == b"STORED\r\n"
-    assert w.values(b"get k\r\n")[0][1:3] == (7, b"b")
+    assert conn.call(b"replace k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
+    assert conn.get(b"k") is None
+    conn.call(b"set k 0 0 1\r\na\r\n")
+    assert conn.call(b"replace k 7 0 1\r\nb\r\n") == b"STORED\r\n"
+    assert conn.values(b"get k\r\n")[0][1:3] == (7, b"b")
 
 
-def test_append_and_prepend_extend_the_value_and_keep_its_flags(kvcached: Server, wire) -> None:
+def test_append_and_prepend_extend_the_value_and_keep_its_flags(conn: Wire) -> None:
     """`append`/`prepend` add bytes at either end, ignoring their own flags and TTL."""
-    w = wire(kvcached)
-    w.call(b"set k 9 0 3\r\nmid\r\n")
-    assert w.call(b"append k 1 0 4\r\n-end\r\n") == b"STORED\r\n"
-    assert w.call(b"prepend k 2 0 6\r\nstart-\r\n") == b"STORED\r\n"
-    [value] = w.values(b"get k\r\n")
+    conn.call(b"set k 9 0 3\r\nmid\r\n")
+    assert conn.call(b"append k 1 0 4\r\n-end\r\n") == b"STORED\r\n"
+    assert conn.call(b"prepend k 2 0 6\r\nstart-\r\n") == b"STORED\r\n"
+    [value] = conn.values(b"get k\r\n")
     assert (value.flags, value.data) == (9, b"start-mid-end")
 
 
-def test_append_and_prepend_on_missing_key_are_not_stored(kvcached: Server, wire) -> None:
+def test_append_and_prepend_on_missing_key_are_not_stored(conn: Wire) -> None:
     """`append`/`prepend` to a missing key answer NOT_STORED and create nothing."""
-    w = wire(kvcached)
-    assert w.call(b"append k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
-    assert w.call(b"prepend k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
-    assert w.get(b"k") is None
+    assert conn.call(b"append k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
+    assert conn.call(b"prepend k 0 0 1\r\na\r\n") == b"NOT_STORED\r\n"
+    assert conn.get(b"k") is None
 
 
-def test_cas_success(kvcached: Server, wire) -> None:
+def test_cas_success(kvcached: Server, conn: Wire) -> None:
     """`cas` with the current unique stores (STORED) and counts a cas_hit."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 3\r\nold\r\n")
-    cas = w.values(b"gets k\r\n")[0].cas
+    conn.call(b"set k 0 0 3\r\nold\r\n")
+    cas = conn.values(b"gets k\r\n")[0].cas
     before = counters(kvcached, "cas_hits", "cas_badval", "cas_misses")
-    assert w.call(b"cas k 0 0 3 %d\r\nnew\r\n" % cas) == b"STORED\r\n"
-    assert w.get(b"k") == b"new"
+    assert conn.call(b"cas k 0 0 3 %d\r\nnew\r\n" % cas) == b"STORED\r\n"
+    assert conn.get(b"k") == b"new"
     assert deltas(before, kvcached) == {"cas_hits": 1, "cas_badval": 0, "cas_misses": 0}
 
 
-def test_cas_conflict_is_exists(kvcached: Server, wire) -> None:
+def test_cas_conflict_is_exists(kvcached: Server, conn: Wire) -> None:
     """`cas` with a stale unique answers EXISTS, keeps the newer value, counts cas_badval."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 3\r\nold\r\n")
-    cas = w.values(b"gets k\r\n")[0].cas
-    w.call(b"set k 0 0 5\r\nnewer\r\n")
+    conn.call(b"set k 0 0 3\r\nold\r\n")
+    cas = conn.values(b"gets k\r\n")[0].cas
+    conn.call(b"set k 0 0 5\r\nnewer\r\n")
     before = counters(kvcached, "cas_hits", "cas_badval", "cas_misses")
-    assert w.call(b"cas k 0 0 4 %d\r\nlost\r\n" % cas) == b"EXISTS\r\n"
-    assert w.get(b"k") == b"newer"
+    assert conn.call(b"cas k 0 0 4 %d\r\nlost\r\n" % cas) == b"EXISTS\r\n"
+    assert conn.get(b"k") == b"newer"
     assert deltas(before, kvcached) == {"cas_hits": 0, "cas_badval": 1, "cas_misses": 0}
 
 
-def test_cas_on_missing_key_is_not_found(kvcached: Server, wire) -> None:
+def test_cas_on_missing_key_is_not_found(kvcached: Server, conn: Wire) -> None:
     """`cas` on a missing key answers NOT_FOUND, stores nothing, counts cas_misses."""
-    w = wire(kvcached)
     before = counters(kvcached, "cas_hits", "cas_badval", "cas_misses")
-    assert w.call(b"cas ghost 0 0 1 12345\r\nx\r\n") == b"NOT_FOUND\r\n"
-    assert w.get(b"ghost") is None
+    assert conn.call(b"cas ghost 0 0 1 12345\r\nx\r\n") == b"NOT_FOUND\r\n"
+    assert conn.get(b"ghost") is None
     assert deltas(before, kvcached) == {"cas_hits": 0, "cas_badval": 0, "cas_misses": 1}
 
 
@@ -268,30 +265,28 @@ def test_cas_with_pymemcache(client: Client) -> None:
     assert client.cas("missing", b"x", cas) is None
 
 
-def test_delete_hit_and_miss(kvcached: Server, wire) -> None:
+def test_delete_hit_and_miss(kvcached: Server, conn: Wire) -> None:
     """`delete` answers DELETED for a stored key and NOT_FOUND after, counted in stats."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 1\r\nx\r\n")
+    conn.call(b"set k 0 0 1\r\nx\r\n")
     before = counters(kvcached, "delete_hits", "delete_misses", "curr_items")
-    assert w.call(b"delete k\r\n") == b"DELETED\r\n"
-    assert w.call(b"delete k\r\n") == b"NOT_FOUND\r\n"
-    assert w.get(b"k") is None
+    assert conn.call(b"delete k\r\n") == b"DELETED\r\n"
+    assert conn.call(b"delete k\r\n") == b"NOT_FOUND\r\n"
+    assert conn.get(b"k") is None
     assert deltas(before, kvcached) == {"delete_hits": 1, "delete_misses": 1, "curr_items": -1}
 
 
 # --- incr / decr -----------------------------------------------------------
 
 
-def test_incr_decr_basic(kvcached: Server, wire) -> None:
+def test_incr_decr_basic(conn: Wire) -> None:
     """`incr`/`decr` answer the new value and store it; a longer result is stored whole."""
-    w = wire(kvcached)
-    w.call(b"set n 0 0 2\r\n10\r\n")
-    assert w.call(b"incr n 5\r\n") == b"15\r\n"
-    assert w.call(b"decr n 3\r\n") == b"12\r\n"
-    assert w.get(b"n") == b"12"
-    assert w.call(b"incr n 88\r\n") == b"100\r\n"
-    assert w.get(b"n") == b"100"
-    assert w.call(b"incr n 0\r\n") == b"100\r\n"
+    conn.call(b"set n 0 0 2\r\n10\r\n")
+    assert conn.call(b"incr n 5\r\n") == b"15\r\n"
+    assert conn.call(b"decr n 3\r\n") == b"12\r\n"
+    assert conn.get(b"n") == b"12"
+    assert conn.call(b"incr n 88\r\n") == b"100\r\n"
+    assert conn.get(b"n") == b"100"
+    assert conn.call(b"incr n 0\r\n") == b"100\r\n"
 
 
 def test_incr_decr_with_pymemcache_and_stats(kvcached: Server, client: Client) -> None:
@@ -305,106 +300,96 @@ def test_incr_decr_with_pymemcache_and_stats(kvcached: Server, client: Client) -
     assert deltas(before, kvcached) == {"incr_hits": 1, "incr_misses": 1, "decr_hits": 1, "decr_misses": 1}
 
 
-def test_incr_on_missing_key_is_not_found(kvcached: Server, wire) -> None:
+def test_incr_on_missing_key_is_not_found(conn: Wire) -> None:
     """`incr`/`decr` of a missing key answer NOT_FOUND and create nothing."""
-    w = wire(kvcached)
-    assert w.call(b"incr nope 1\r\n") == b"NOT_FOUND\r\n"
-    assert w.call(b"decr nope 1\r\n") == b"NOT_FOUND\r\n"
-    assert w.get(b"nope") is None
+    assert conn.call(b"incr nope 1\r\n") == b"NOT_FOUND\r\n"
+    assert conn.call(b"decr nope 1\r\n") == b"NOT_FOUND\r\n"
+    assert conn.get(b"nope") is None
 
 
 @pytest.mark.parametrize("value", [b"abc", b"12a", b"-5", b""])
-def test_incr_non_numeric_value(kvcached: Server, wire, value: bytes) -> None:
+def test_incr_non_numeric_value(conn: Wire, value: bytes) -> None:
     """`incr`/`decr` of a value that is not a decimal u64 is a CLIENT_ERROR; the value is kept."""
-    w = wire(kvcached)
-    w.call(b"set s 0 0 %d\r\n%s\r\n" % (len(value), value))
-    assert w.call(b"incr s 1\r\n") == NONNUMERIC
-    assert w.call(b"decr s 1\r\n") == NONNUMERIC
-    assert w.get(b"s") == value
+    conn.call(b"set s 0 0 %d\r\n%s\r\n" % (len(value), value))
+    assert conn.call(b"incr s 1\r\n") == NONNUMERIC
+    assert conn.call(b"decr s 1\r\n") == NONNUMERIC
+    assert conn.get(b"s") == value
 
 
 @pytest.mark.parametrize("delta", [b"abc", b"-1", b"1x", b"18446744073709551616"])
-def test_incr_invalid_delta(kvcached: Server, wire, delta: bytes) -> None:
+def test_incr_invalid_delta(conn: Wire, delta: bytes) -> None:
     """A delta that is not a decimal u64 is `CLIENT_ERROR invalid numeric delta argument`."""
-    w = wire(kvcached)
-    w.call(b"set n 0 0 1\r\n5\r\n")
-    assert w.call(b"incr n %s\r\n" % delta) == BAD_DELTA
-    assert w.call(b"decr n %s\r\n" % delta) == BAD_DELTA
-    assert w.get(b"n") == b"5"
+    conn.call(b"set n 0 0 1\r\n5\r\n")
+    assert conn.call(b"incr n %s\r\n" % delta) == BAD_DELTA
+    assert conn.call(b"decr n %s\r\n" % delta) == BAD_DELTA
+    assert conn.get(b"n") == b"5"
 
 
-def test_incr_wraps_at_2_64(kvcached: Server, wire) -> None:
+def test_incr_wraps_at_2_64(conn: Wire) -> None:
     """`incr` is u64 arithmetic: 18446744073709551615 + 1 is 0, + 2 is 1."""
-    w = wire(kvcached)
     top = b"%d" % MAX_U64
-    w.call(b"set n 0 0 20\r\n%s\r\n" % top)
-    assert w.call(b"incr n 1\r\n") == b"0\r\n"
-    assert int(w.get(b"n") or b"x") == 0
-    w.call(b"set n 0 0 20\r\n%s\r\n" % top)
-    assert w.call(b"incr n 2\r\n") == b"1\r\n"
-    w.call(b"set n 0 0 20\r\n%s\r\n" % (b"%d" % (MAX_U64 - 1)))
-    assert w.call(b"incr n 1\r\n") == top + b"\r\n"
+    conn.call(b"set n 0 0 20\r\n%s\r\n" % top)
+    assert conn.call(b"incr n 1\r\n") == b"0\r\n"
+    assert int(conn.get(b"n") or b"x") == 0
+    conn.call(b"set n 0 0 20\r\n%s\r\n" % top)
+    assert conn.call(b"incr n 2\r\n") == b"1\r\n"
+    conn.call(b"set n 0 0 20\r\n%s\r\n" % (b"%d" % (MAX_U64 - 1)))
+    assert conn.call(b"incr n 1\r\n") == top + b"\r\n"
 
 
-def test_decr_stops_at_zero(kvcached: Server, wire) -> None:
+def test_decr_stops_at_zero(conn: Wire) -> None:
     """`decr` below zero gives 0, not a wrapped number."""
-    w = wire(kvcached)
-    w.call(b"set n 0 0 1\r\n5\r\n")
-    assert w.call(b"decr n 10\r\n") == b"0\r\n"
-    assert w.call(b"decr n 1\r\n") == b"0\r\n"
-    assert int(w.get(b"n") or b"x") == 0
+    conn.call(b"set n 0 0 1\r\n5\r\n")
+    assert conn.call(b"decr n 10\r\n") == b"0\r\n"
+    assert conn.call(b"decr n 1\r\n") == b"0\r\n"
+    assert int(conn.get(b"n") or b"x") == 0
 
 
-def test_decr_shorter_result_reads_back_as_the_number(kvcached: Server, wire) -> None:
+def test_decr_shorter_result_reads_back_as_the_number(conn: Wire) -> None:
     """`decr` 100 -> 99 answers 99 and a later `get` parses as 99."""
-    w = wire(kvcached)
-    w.call(b"set n 0 0 3\r\n100\r\n")
-    assert w.call(b"decr n 1\r\n") == b"99\r\n"
-    assert int(w.get(b"n") or b"x") == 99
+    conn.call(b"set n 0 0 3\r\n100\r\n")
+    assert conn.call(b"decr n 1\r\n") == b"99\r\n"
+    assert int(conn.get(b"n") or b"x") == 99
 
 
 @pytest.mark.kvcached_only("memcached rewrites a shorter result in place, padded with spaces ('99 ')")
-def test_decr_shorter_result_has_no_padding(kvcached: Server, wire) -> None:
+def test_decr_shorter_result_has_no_padding(kvcached: Server, conn: Wire) -> None:
     """kvcached stores a shorter incr/decr result without padding: 100 - 1 reads back as `99`."""
-    w = wire(kvcached)
-    w.call(b"set n 0 0 3\r\n100\r\n")
-    assert w.call(b"decr n 1\r\n") == b"99\r\n"
-    assert w.call(b"get n\r\n", b"END\r\n") == b"VALUE n 0 2\r\n99\r\nEND\r\n"
-    w.call(b"set n 0 0 20\r\n%d\r\n" % MAX_U64)
-    assert w.call(b"incr n 1\r\n") == b"0\r\n"
-    assert w.get(b"n") == b"0"
+    conn.call(b"set n 0 0 3\r\n100\r\n")
+    assert conn.call(b"decr n 1\r\n") == b"99\r\n"
+    assert conn.call(b"get n\r\n", b"END\r\n") == b"VALUE n 0 2\r\n99\r\nEND\r\n"
+    conn.call(b"set n 0 0 20\r\n%d\r\n" % MAX_U64)
+    assert conn.call(b"incr n 1\r\n") == b"0\r\n"
+    assert conn.get(b"n") == b"0"
 
 
 # --- touch, expiry ---------------------------------------------------------
 
 
-def test_touch_hit_and_miss(kvcached: Server, wire) -> None:
+def test_touch_hit_and_miss(kvcached: Server, conn: Wire) -> None:
     """`touch` answers TOUCHED for a stored key, NOT_FOUND otherwise, counted in stats."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 1\r\nx\r\n")
+    conn.call(b"set k 0 0 1\r\nx\r\n")
     before = counters(kvcached, "cmd_touch", "touch_hits", "touch_misses")
-    assert w.call(b"touch k 100\r\n") == b"TOUCHED\r\n"
-    assert w.call(b"touch nope 100\r\n") == b"NOT_FOUND\r\n"
-    assert w.get(b"k") == b"x"
+    assert conn.call(b"touch k 100\r\n") == b"TOUCHED\r\n"
+    assert conn.call(b"touch nope 100\r\n") == b"NOT_FOUND\r\n"
+    assert conn.get(b"k") == b"x"
     assert deltas(before, kvcached) == {"cmd_touch": 2, "touch_hits": 1, "touch_misses": 1}
 
 
-def test_touch_extends_ttl(kvcached: Server, wire) -> None:
+def test_touch_extends_ttl(conn: Wire) -> None:
     """`touch` sets a new expiry: a 1 s item touched to 100 s outlives an untouched one."""
-    w = wire(kvcached)
-    w.call(b"set kept 0 1 1\r\nx\r\n")
-    w.call(b"set control 0 1 1\r\ny\r\n")
-    assert w.call(b"touch kept 100\r\n") == b"TOUCHED\r\n"
-    assert wait_until(lambda: w.get(b"control") is None, timeout=4), "control key did not expire"
-    assert w.get(b"kept") == b"x"
+    conn.call(b"set kept 0 1 1\r\nx\r\n")
+    conn.call(b"set control 0 1 1\r\ny\r\n")
+    assert conn.call(b"touch kept 100\r\n") == b"TOUCHED\r\n"
+    assert wait_until(lambda: conn.get(b"control") is None, timeout=4), "control key did not expire"
+    assert conn.get(b"kept") == b"x"
 
 
-def test_touch_with_negative_ttl_expires_at_once(kvcached: Server, wire) -> None:
+def test_touch_with_negative_ttl_expires_at_once(conn: Wire) -> None:
     """`touch k -1` answers TOUCHED and the item is gone right away."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 1\r\nx\r\n")
-    assert w.call(b"touch k -1\r\n") == b"TOUCHED\r\n"
-    assert w.get(b"k") is None
+    conn.call(b"set k 0 0 1\r\nx\r\n")
+    assert conn.call(b"touch k -1\r\n") == b"TOUCHED\r\n"
+    assert conn.get(b"k") is None
 
 
 def test_short_ttl_expires(kvcached: Server, client: Client) -> None:
@@ -416,12 +401,11 @@ def test_short_ttl_expires(kvcached: Server, client: Client) -> None:
     assert time.monotonic() - start <= 2.5
 
 
-def test_negative_ttl_expires_at_once(kvcached: Server, wire) -> None:
+def test_negative_ttl_expires_at_once(conn: Wire) -> None:
     """A negative exptime stores (STORED) an item that is already expired."""
-    w = wire(kvcached)
-    w.call(b"set k 0 0 3\r\nold\r\n")
-    assert w.call(b"set k 0 -1 3\r\nnew\r\n") == b"STORED\r\n"
-    assert w.get(b"k") is None
+    conn.call(b"set k 0 0 3\r\nold\r\n")
+    assert conn.call(b"set k 0 -1 3\r\nnew\r\n") == b"STORED\r\n"
+    assert conn.get(b"k") is None
 
 
 @pytest.mark.parametrize(
@@ -443,48 +427,44 @@ def test_ttl_over_30_days_is_absolute_unix_time(
     assert (w.get(b"k") == b"x") is present
 
 
-def test_ttl_of_exactly_30_days_is_relative(kvcached: Server, wire) -> None:
+def test_ttl_of_exactly_30_days_is_relative(conn: Wire) -> None:
     """An exptime of exactly 2592000 is still relative (30 days from now), not 1970."""
-    w = wire(kvcached)
-    assert w.call(b"set k 0 %d 1\r\nx\r\n" % THIRTY_DAYS) == b"STORED\r\n"
-    assert w.get(b"k") == b"x"
+    assert conn.call(b"set k 0 %d 1\r\nx\r\n" % THIRTY_DAYS) == b"STORED\r\n"
+    assert conn.get(b"k") == b"x"
 
 
 # --- flush_all -------------------------------------------------------------
 
 
-def test_flush_all_immediate(kvcached: Server, wire) -> None:
+def test_flush_all_immediate(kvcached: Server, conn: Wire) -> None:
     """`flush_all` answers OK and invalidates every item; later stores work."""
-    w = wire(kvcached)
     for i in range(10):
-        w.call(b"set k%d 0 0 1\r\nx\r\n" % i)
+        conn.call(b"set k%d 0 0 1\r\nx\r\n" % i)
     before = counters(kvcached, "cmd_flush")
-    assert w.call(b"flush_all\r\n") == b"OK\r\n"
-    assert w.values(b"get " + b" ".join(b"k%d" % i for i in range(10)) + b"\r\n") == []
+    assert conn.call(b"flush_all\r\n") == b"OK\r\n"
+    assert conn.values(b"get " + b" ".join(b"k%d" % i for i in range(10)) + b"\r\n") == []
     assert deltas(before, kvcached) == {"cmd_flush": 1}
-    assert w.call(b"set k0 0 0 1\r\ny\r\n") == b"STORED\r\n"
-    assert w.get(b"k0") == b"y"
+    assert conn.call(b"set k0 0 0 1\r\ny\r\n") == b"STORED\r\n"
+    assert conn.get(b"k0") == b"y"
 
 
-def test_flush_all_with_delay(kvcached: Server, wire) -> None:
+def test_flush_all_with_delay(conn: Wire) -> None:
     """`flush_all 2` answers OK, leaves items readable until the delay passes, then they are gone."""
-    w = wire(kvcached)
-    w.call(b"set a 0 0 1\r\nx\r\n")
-    w.call(b"set b 0 0 1\r\ny\r\n")
-    assert w.call(b"flush_all 2\r\n") == b"OK\r\n"
-    assert w.get(b"a") == b"x" and w.get(b"b") == b"y"
+    conn.call(b"set a 0 0 1\r\nx\r\n")
+    conn.call(b"set b 0 0 1\r\ny\r\n")
+    assert conn.call(b"flush_all 2\r\n") == b"OK\r\n"
+    assert conn.get(b"a") == b"x" and conn.get(b"b") == b"y"
     start = time.monotonic()
-    assert wait_until(lambda: w.get(b"a") is None, timeout=5), "items still there 5 s after `flush_all 2`"
+    assert wait_until(lambda: conn.get(b"a") is None, timeout=5), "items still there 5 s after `flush_all 2`"
     assert time.monotonic() - start <= 3.5
-    assert w.get(b"b") is None
+    assert conn.get(b"b") is None
 
 
-def test_flush_all_noreply(kvcached: Server, wire) -> None:
+def test_flush_all_noreply(conn: Wire) -> None:
     """`flush_all noreply` sends nothing back and still flushes."""
-    w = wire(kvcached)
-    w.call(b"set a 0 0 1\r\nx\r\n")
-    w.send(b"flush_all noreply\r\n")
-    assert w.call(b"get a\r\n") == b"END\r\n"
+    conn.call(b"set a 0 0 1\r\nx\r\n")
+    conn.send(b"flush_all noreply\r\n")
+    assert conn.call(b"get a\r\n") == b"END\r\n"
 
 
 def test_flush_all_with_pymemcache(client: Client) -> None:
@@ -497,10 +477,9 @@ def test_flush_all_with_pymemcache(client: Client) -> None:
 # --- version, verbosity, quit, unknown -------------------------------------
 
 
-def test_version(kvcached: Server, wire, client: Client) -> None:
+def test_version(conn: Wire, client: Client) -> None:
     """`version` answers `VERSION <one token>`, the same string `stats` and pymemcache report."""
-    w = wire(kvcached)
-    reply = w.call(b"version\r\n")
+    reply = conn.call(b"version\r\n")
     # Clients split on whitespace: pymemcache's stats() keeps only the
     # first word of `STAT version ...`, so a version with a space in it
     # reads differently through `version` and `stats`.
@@ -510,13 +489,12 @@ def test_version(kvcached: Server, wire, client: Client) -> None:
     assert client.stats()[b"version"] == version
 
 
-def test_verbosity(kvcached: Server, wire) -> None:
+def test_verbosity(conn: Wire) -> None:
     """`verbosity N` answers OK; with noreply it answers nothing."""
-    w = wire(kvcached)
-    assert w.call(b"verbosity 1\r\n") == b"OK\r\n"
-    assert w.call(b"verbosity 0\r\n") == b"OK\r\n"
-    w.send(b"verbosity 0 noreply\r\n")
-    assert w.call(b"version\r\n").startswith(b"VERSION ")
+    assert conn.call(b"verbosity 1\r\n") == b"OK\r\n"
+    assert conn.call(b"verbosity 0\r\n") == b"OK\r\n"
+    conn.send(b"verbosity 0 noreply\r\n")
+    assert conn.call(b"version\r\n").startswith(b"VERSION ")
 
 
 def test_quit_closes_the_connection(kvcached: Server, wire) -> None:
@@ -528,72 +506,69 @@ def test_quit_closes_the_connection(kvcached: Server, wire) -> None:
     assert wire(kvcached).call(b"version\r\n").startswith(b"VERSION ")
 
 
-def test_unknown_command_is_error(kvcached: Server, wire) -> None:
+def test_unknown_command_is_error(conn: Wire) -> None:
     """An unknown command answers ERROR and the connection stays usable."""
-    w = wire(kvcached)
-    assert w.call(b"bogus a b c\r\n") == b"ERROR\r\n"
-    assert w.call(b"version\r\n").startswith(b"VERSION ")
+    assert conn.call(b"bogus a b c\r\n") == b"ERROR\r\n"
+    assert conn.call(b"version\r\n").startswith(b"VERSION ")
 
 
-def test_bare_newline_terminated_commands_are_accepted(kvcached: Server, wire) -> None:
+def test_bare_newline_terminated_commands_are_accepted(conn: Wire) -> None:
     """Commands ended by a bare \\n (as telnet users type them) are understood."""
-    w = wire(kvcached)
-    assert w.call(b"set k 0 0 1\nx\r\n") == b"STORED\r\n"
-    assert w.call(b"get k\n", b"END\r\n") == b"VALUE k 0 1\r\nx\r\nEND\r\n"
+    assert conn.call(b"set k 0 0 1\nx\r\n") == b"STORED\r\n"
+    assert conn.call(b"get k\n", b"END\r\n") == b"VALUE k 0 1\r\nx\r\nEND\r\n"
 
 
 # --- noreply ---------------------------------------------------------------
 
+K_IS_A, K_IS_5 = b"set k 0 0 1\r\na\r\n", b"set k 0 0 1\r\n5\r\n"  # set-ups: k holds "a", "5"
 # (name, set-up commands, the noreply command, value of "k" afterwards)
 NOREPLY = [
     ("set", b"", b"set k 0 0 1 noreply\r\nx\r\n", b"x"),
     ("add", b"", b"add k 0 0 1 noreply\r\nx\r\n", b"x"),
-    ("add-refused", b"set k 0 0 1\r\na\r\n", b"add k 0 0 1 noreply\r\nx\r\n", b"a"),
-    ("replace", b"set k 0 0 1\r\na\r\n", b"replace k 0 0 1 noreply\r\nx\r\n", b"x"),
+    ("add-refused", K_IS_A, b"add k 0 0 1 noreply\r\nx\r\n", b"a"),
+    ("replace", K_IS_A, b"replace k 0 0 1 noreply\r\nx\r\n", b"x"),
     ("replace-refused", b"", b"replace k 0 0 1 noreply\r\nx\r\n", None),
-    ("append", b"set k 0 0 1\r\na\r\n", b"append k 0 0 1 noreply\r\nb\r\n", b"ab"),
-    ("prepend", b"set k 0 0 1\r\na\r\n", b"prepend k 0 0 1 noreply\r\nb\r\n", b"ba"),
-    ("cas", b"set k 0 0 1\r\na\r\n", b"cas k 0 0 1 {cas} noreply\r\nx\r\n", b"x"),
-    ("cas-exists", b"set k 0 0 1\r\na\r\n", b"cas k 0 0 1 {stale} noreply\r\nx\r\n", b"a"),
+    ("append", K_IS_A, b"append k 0 0 1 noreply\r\nb\r\n", b"ab"),
+    ("prepend", K_IS_A, b"prepend k 0 0 1 noreply\r\nb\r\n", b"ba"),
+    ("cas", K_IS_A, b"cas k 0 0 1 {cas} noreply\r\nx\r\n", b"x"),
+    ("cas-exists", K_IS_A, b"cas k 0 0 1 {stale} noreply\r\nx\r\n", b"a"),
     ("cas-not-found", b"", b"cas k 0 0 1 1 noreply\r\nx\r\n", None),
-    ("delete", b"set k 0 0 1\r\na\r\n", b"delete k noreply\r\n", None),
+    ("delete", K_IS_A, b"delete k noreply\r\n", None),
     ("delete-miss", b"", b"delete k noreply\r\n", None),
-    ("incr", b"set k 0 0 1\r\n5\r\n", b"incr k 2 noreply\r\n", b"7"),
+    ("incr", K_IS_5, b"incr k 2 noreply\r\n", b"7"),
     ("incr-miss", b"", b"incr k 2 noreply\r\n", None),
-    ("decr", b"set k 0 0 1\r\n5\r\n", b"decr k 2 noreply\r\n", b"3"),
-    ("touch", b"set k 0 0 1\r\na\r\n", b"touch k 100 noreply\r\n", b"a"),
+    ("decr", K_IS_5, b"decr k 2 noreply\r\n", b"3"),
+    ("touch", K_IS_A, b"touch k 100 noreply\r\n", b"a"),
     ("touch-miss", b"", b"touch k 100 noreply\r\n", None),
-    ("flush_all", b"set k 0 0 1\r\na\r\n", b"flush_all noreply\r\n", None),
-    ("flush_all-0", b"set k 0 0 1\r\na\r\n", b"flush_all 0 noreply\r\n", None),
-    ("verbosity", b"set k 0 0 1\r\na\r\n", b"verbosity 1 noreply\r\n", b"a"),
+    ("flush_all", K_IS_A, b"flush_all noreply\r\n", None),
+    ("flush_all-0", K_IS_A, b"flush_all 0 noreply\r\n", None),
+    ("verbosity", K_IS_A, b"verbosity 1 noreply\r\n", b"a"),
 ]
 
 
 @pytest.mark.parametrize(
     ("setup", "command", "expected"), [c[1:] for c in NOREPLY], ids=[c[0] for c in NOREPLY]
 )
-def test_noreply(kvcached: Server, wire, setup: bytes, command: bytes, expected: bytes | None) -> None:
+def test_noreply(conn: Wire, setup: bytes, command: bytes, expected: bytes | None) -> None:
     """With `noreply` a command answers nothing, even on failure: the next reply is the next command's."""
-    w = wire(kvcached)
     if setup:
-        assert w.call(setup) == b"STORED\r\n"
+        assert conn.call(setup) == b"STORED\r\n"
     if b"{cas}" in command or b"{stale}" in command:
-        cas = w.values(b"gets k\r\n")[0].cas
+        cas = conn.values(b"gets k\r\n")[0].cas
         assert cas is not None
         command = command.replace(b"{cas}", b"%d" % cas).replace(b"{stale}", b"%d" % (cas + 1000))
-    w.send(command)
+    conn.send(command)
     # `get` reads VALUE/END strictly: a stray reply to the noreply command would fail here.
-    found = w.values(b"get k\r\n")
+    found = conn.values(b"get k\r\n")
     assert [v.data for v in found] == ([] if expected is None else [expected])
 
 
-def test_noreply_pipeline_of_many_sets(kvcached: Server, wire) -> None:
+def test_noreply_pipeline_of_many_sets(conn: Wire) -> None:
     """A pipeline of 500 noreply sets then one get: the get's reply is the only bytes read."""
-    w = wire(kvcached)
-    w.send(b"".join(b"set k%d 0 0 4 noreply\r\nv%03d\r\n" % (i, i) for i in range(500)))
-    found = w.values(b"get k0 k250 k499\r\n")
+    conn.send(b"".join(b"set k%d 0 0 4 noreply\r\nv%03d\r\n" % (i, i) for i in range(500)))
+    found = conn.values(b"get k0 k250 k499\r\n")
     assert [v.data for v in found] == [b"v000", b"v250", b"v499"]
-    assert w.pending(0.1) == b""
+    assert conn.pending(0.1) == b""
 
 
 # --- stats -----------------------------------------------------------------
@@ -699,36 +674,33 @@ def test_stats_slabs_per_class(kvcached: Server, client: Client) -> None:
     assert int(slabs["total_malloced"]) >= 40 * 3000
 
 
-def test_stats_get_counters_count_keys(kvcached: Server, wire) -> None:
+def test_stats_get_counters_count_keys(kvcached: Server, conn: Wire) -> None:
     """cmd_get grows by the keys requested (duplicates and misses too); get_hits + get_misses split it."""
-    w = wire(kvcached)
-    w.call(b"set a 0 0 1\r\nx\r\n")
-    w.call(b"set b 0 0 1\r\ny\r\n")
+    conn.call(b"set a 0 0 1\r\nx\r\n")
+    conn.call(b"set b 0 0 1\r\ny\r\n")
     before = counters(kvcached, "cmd_get", "get_hits", "get_misses")
-    w.values(b"get a b miss1 a\r\n")
-    w.values(b"gets b miss2\r\n")
-    w.values(b"get miss3\r\n")
+    conn.values(b"get a b miss1 a\r\n")
+    conn.values(b"gets b miss2\r\n")
+    conn.values(b"get miss3\r\n")
     assert deltas(before, kvcached) == {"cmd_get": 7, "get_hits": 4, "get_misses": 3}
 
 
-def test_stats_store_counters(kvcached: Server, wire) -> None:
+def test_stats_store_counters(kvcached: Server, conn: Wire) -> None:
     """Each store counts in cmd_set; stored items show in curr_items/total_items and bytes."""
-    w = wire(kvcached)
     before = counters(kvcached, "cmd_set", "curr_items", "total_items")
     for i in range(5):
-        assert w.call(b"set k%d 0 0 100\r\n%s\r\n" % (i, b"v" * 100)) == b"STORED\r\n"
-    assert w.call(b"set k0 0 0 100\r\n%s\r\n" % (b"w" * 100)) == b"STORED\r\n"
+        assert conn.call(b"set k%d 0 0 100\r\n%s\r\n" % (i, b"v" * 100)) == b"STORED\r\n"
+    assert conn.call(b"set k0 0 0 100\r\n%s\r\n" % (b"w" * 100)) == b"STORED\r\n"
     assert deltas(before, kvcached) == {"cmd_set": 6, "curr_items": 5, "total_items": 6}
     assert int(kvcached.stats()["bytes"]) >= 5 * 100
 
 
-def test_stats_bytes_read_and_written_grow(kvcached: Server, wire) -> None:
+def test_stats_bytes_read_and_written_grow(kvcached: Server, conn: Wire) -> None:
     """bytes_read and bytes_written grow by at least what this client sent and received."""
-    w = wire(kvcached)
     before = counters(kvcached, "bytes_read", "bytes_written")
     request = b"set k 0 0 1000\r\n" + b"q" * 1000 + b"\r\n"
-    w.call(request)
-    w.values(b"get k\r\n")
+    conn.call(request)
+    conn.values(b"get k\r\n")
     grown = deltas(before, kvcached)
     assert grown["bytes_read"] >= len(request) + len(b"get k\r\n")
     assert grown["bytes_written"] >= 1000
@@ -786,14 +758,11 @@ def test_value_over_the_item_size_limit_is_refused(kvcached_factory: Callable[..
 def test_value_over_the_limit_with_pymemcache(kvcached_factory: Callable[..., Server]) -> None:
     """pymemcache sees the too-large refusal as MemcacheServerError and its connection keeps working."""
     server = kvcached_factory("-t", "2", "-I", "128k")
-    client = memcache_client(server)
-    try:
+    with memcache_client(server) as client:
         with pytest.raises(MemcacheServerError, match="object too large for cache"):
             client.set("big", b"x" * (128 * 1024 + 1))
         assert client.set("small", b"y")
         assert client.get("small") == b"y"
-    finally:
-        client.close()
 
 
 def test_eviction_under_a_small_memory_limit(
@@ -801,8 +770,7 @@ def test_eviction_under_a_small_memory_limit(
 ) -> None:
     """With `-m 4`, 12 MB of 10 KB values evict old items (counted), keep recent ones, bound RSS."""
     server = kvcached_factory("-t", "2", "-m", "4")
-    client = memcache_client(server)
-    try:
+    with memcache_client(server) as client:
         n = 1200
         value = lambda i: (b"%06d" % i) * (10_000 // 6)  # noqa: E731
         for i in range(n):
@@ -820,15 +788,12 @@ def test_eviction_under_a_small_memory_limit(
         assert sum(int(v) for k, v in items.items() if k.endswith(":evicted")) == int(stats["evictions"])
         assert client.version()
         assert_rss_bounded(server, 4)
-    finally:
-        client.close()
 
 
 def test_full_cache_still_stores_values_of_other_sizes(kvcached_factory: Callable[..., Server]) -> None:
     """With `-m 4` full of 10 KB values, a store of any other size still evicts and succeeds."""
     server = kvcached_factory("-t", "2", "-m", "4")
-    client = memcache_client(server)
-    try:
+    with memcache_client(server) as client:
         for i in range(1200):
             assert client.set(f"k{i}", b"v" * 10_000), f"set k{i} refused"
         refused = {}
@@ -841,38 +806,31 @@ def test_full_cache_still_stores_values_of_other_sizes(kvcached_factory: Callabl
             assert client.get(f"s{size}") == b"s" * size, size
         assert not refused, f"refused after the cache filled with 10 KB values: {refused}"
         assert int(server.stats()["evictions"]) > 0
-    finally:
-        client.close()
 
 
 def test_item_size_limit_above_one_megabyte(kvcached_factory: Callable[..., Server]) -> None:
     """With `-I 2m`, a 1.5 MB value round-trips intact and 2 MiB + 1 is refused as too large."""
     server = kvcached_factory("-t", "2", "-I", "2m")
-    client = memcache_client(server)
-    try:
+    with memcache_client(server) as client:
         value = bytes(range(256)) * 6000
         assert client.set("x", value)
         assert client.get("x") == value
         with pytest.raises(MemcacheServerError, match="object too large for cache"):
             client.set("y", b"y" * (2 * 1024 * 1024 + 1))
         assert client.get("x") == value
-    finally:
-        client.close()
 
 
-def test_large_multi_get(kvcached: Server, wire) -> None:
+def test_large_multi_get(conn: Wire) -> None:
     """One `get` of 100 keys x 10 KB returns all 100 values intact and in order."""
-    w = wire(kvcached)
     values = {b"key%03d" % i: bytes([i]) * 5000 + (b"%05d" % i) * 1000 for i in range(100)}
-    w.send(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(v), v) for k, v in values.items()))
-    found = w.values(b"get " + b" ".join(values) + b"\r\n")
+    conn.send(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(v), v) for k, v in values.items()))
+    found = conn.values(b"get " + b" ".join(values) + b"\r\n")
     assert [v.key for v in found] == list(values)
     assert all(v.data == values[v.key] for v in found)
 
 
-def test_binary_safe_values(kvcached: Server, wire, client: Client) -> None:
+def test_binary_safe_values(conn: Wire, client: Client) -> None:
     """Values carry any bytes: all 256 byte values, NULs, and embedded CRLF/END/VALUE lines."""
-    w = wire(kvcached)
     tricky = [
         bytes(range(256)) * 4,
         b"\x00" * 100,
@@ -882,44 +840,39 @@ def test_binary_safe_values(kvcached: Server, wire, client: Client) -> None:
         b"\n" * 50,
     ]
     for i, value in enumerate(tricky):
-        assert w.call(b"set bin%d 0 0 %d\r\n%s\r\n" % (i, len(value), value)) == b"STORED\r\n"
-    found = w.values(b"get " + b" ".join(b"bin%d" % i for i in range(len(tricky))) + b"\r\n")
+        assert conn.call(b"set bin%d 0 0 %d\r\n%s\r\n" % (i, len(value), value)) == b"STORED\r\n"
+    found = conn.values(b"get " + b" ".join(b"bin%d" % i for i in range(len(tricky))) + b"\r\n")
     assert [v.data for v in found] == tricky
     assert client.get_many([f"bin{i}" for i in range(len(tricky))]) == {
         f"bin{i}": v for i, v in enumerate(tricky)
     }
     assert client.set("binpy", bytes(range(255, -1, -1)))
-    assert w.get(b"binpy") == bytes(range(255, -1, -1))
+    assert conn.get(b"binpy") == bytes(range(255, -1, -1))
 
 
-def test_250_byte_key_is_accepted(kvcached: Server, wire) -> None:
+def test_250_byte_key_is_accepted(conn: Wire) -> None:
     """A key of exactly 250 bytes is stored and read back."""
-    w = wire(kvcached)
     key = b"k" * 250
-    assert w.call(b"set %s 0 0 1\r\nx\r\n" % key) == b"STORED\r\n"
-    assert w.get(key) == b"x"
+    assert conn.call(b"set %s 0 0 1\r\nx\r\n" % key) == b"STORED\r\n"
+    assert conn.get(key) == b"x"
 
 
 def test_many_clients_see_each_others_writes(kvcached: Server) -> None:
     """Eight connections (spread over the workers) share one cache."""
-    clients = [memcache_client(kvcached) for _ in range(8)]
-    try:
+    with contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(memcache_client(kvcached)) for _ in range(8)]
         for i, c in enumerate(clients):
             assert c.set(f"from{i}", b"%d" % i)
         for c in clients:
             assert c.get_many([f"from{i}" for i in range(8)]) == {f"from{i}": b"%d" % i for i in range(8)}
-    finally:
-        for c in clients:
-            c.close()
 
 
 # --- pipelining and framing ------------------------------------------------
 
 
-def test_pipelined_mixed_commands_reply_in_order(kvcached: Server, wire) -> None:
+def test_pipelined_mixed_commands_reply_in_order(conn: Wire) -> None:
     """Commands sent in one write are answered in order, one reply each."""
-    w = wire(kvcached)
-    w.send(
+    conn.send(
         b"set a 0 0 1\r\n1\r\n"
         b"get a\r\n"
         b"incr a 41\r\n"
@@ -943,38 +896,35 @@ def test_pipelined_mixed_commands_reply_in_order(kvcached: Server, wire) -> None
         b"NOT_FOUND\r\n",
     ]
     for reply in expected:
-        assert w.read_exactly(len(reply)) == reply
-    assert w.line().startswith(b"VERSION ")
+        assert conn.read_exactly(len(reply)) == reply
+    assert conn.line().startswith(b"VERSION ")
 
 
-def test_thousand_pipelined_gets(kvcached: Server, wire) -> None:
+def test_thousand_pipelined_gets(conn: Wire) -> None:
     """1000 `get`s in one write (well past one read buffer) get 1000 replies, in order."""
-    w = wire(kvcached)
     for i in range(10):
-        w.call(b"set p%d 0 0 3\r\nv%02d\r\n" % (i, i))
-    w.send(b"".join(b"get p%d\r\n" % (i % 13) for i in range(1000)))
+        conn.call(b"set p%d 0 0 3\r\nv%02d\r\n" % (i, i))
+    conn.send(b"".join(b"get p%d\r\n" % (i % 13) for i in range(1000)))
     for i in range(1000):
         n = i % 13
         expected = b"VALUE p%d 0 3\r\nv%02d\r\nEND\r\n" % (n, n) if n < 10 else b"END\r\n"
-        assert w.read_exactly(len(expected)) == expected, i
+        assert conn.read_exactly(len(expected)) == expected, i
 
 
-def test_command_dribbled_one_byte_at_a_time(kvcached: Server, wire) -> None:
+def test_command_dribbled_one_byte_at_a_time(conn: Wire) -> None:
     """A command and its data block arriving one byte per packet are understood as if sent at once."""
-    w = wire(kvcached)
-    w.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one byte per segment
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one byte per segment
     for byte in b"set slow 3 0 5\r\nab\r\nc\r\nget slow\r\n":
-        w.sock.sendall(bytes([byte]))
+        conn.sock.sendall(bytes([byte]))
         time.sleep(0.002)
-    assert w.read_until(b"END\r\n") == b"STORED\r\nVALUE slow 3 5\r\nab\r\nc\r\nEND\r\n"
+    assert conn.read_until(b"END\r\n") == b"STORED\r\nVALUE slow 3 5\r\nab\r\nc\r\nEND\r\n"
 
 
-def test_multi_get_of_2000_keys_in_one_line(kvcached: Server, wire) -> None:
+def test_multi_get_of_2000_keys_in_one_line(conn: Wire) -> None:
     """A `get` naming 2000 keys (a ~15 KB line) answers every hit in order."""
-    w = wire(kvcached)
     keys = [b"key-%04d" % i for i in range(2000)]
-    w.send(b"".join(b"set %s 0 0 4 noreply\r\n%s\r\n" % (k, k[-4:]) for k in keys[::2]))
-    found = w.values(b"get " + b" ".join(keys) + b"\r\n")
+    conn.send(b"".join(b"set %s 0 0 4 noreply\r\n%s\r\n" % (k, k[-4:]) for k in keys[::2]))
+    found = conn.values(b"get " + b" ".join(keys) + b"\r\n")
     assert [(v.key, v.data) for v in found] == [(k, k[-4:]) for k in keys[::2]]
 
 
@@ -1013,12 +963,9 @@ def test_concurrent_incr_loses_no_update(kvcached: Server, client: Client) -> No
     client.set("counter", b"0")
 
     def work(_: int) -> None:
-        c = memcache_client(kvcached)
-        try:
+        with memcache_client(kvcached) as c:
             for _ in range(300):
                 assert c.incr("counter", 1) is not None
-        finally:
-            c.close()
 
     _in_threads(8, work)
     assert client.get("counter") == b"2400"
@@ -1030,14 +977,11 @@ def test_concurrent_cas_loses_no_update(kvcached: Server, client: Client) -> Non
     wins = [0] * 8
 
     def work(i: int) -> None:
-        c = memcache_client(kvcached)
-        try:
+        with memcache_client(kvcached) as c:
             while wins[i] < 50:
                 value, cas = c.gets("n")
                 if c.cas("n", b"%d" % (int(value) + 1), cas):
                     wins[i] += 1
-        finally:
-            c.close()
 
     _in_threads(8, work)
     assert client.get("n") == b"%d" % sum(wins) == b"400"
@@ -1050,14 +994,11 @@ def test_concurrent_readers_never_see_torn_values(kvcached: Server, client: Clie
     stop = time.monotonic() + 1.5
 
     def work(i: int) -> None:
-        c = memcache_client(kvcached)
-        try:
+        with memcache_client(kvcached) as c:
             while time.monotonic() < stop:
                 if i < 2:
                     assert c.set("swap", a if i == 0 else b)
                 else:
                     assert c.get("swap") in (a, b), "torn read"
-        finally:
-            c.close()
 
     _in_threads(6, work)

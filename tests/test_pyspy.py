@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Unprivileged
-from support import KVPROF
+from support import Unprivileged, record
 
 from kvprof.collect import CollectOptions
 from kvprof.collect.pyspy import READ_TRIES, DumpSampler, PySpyCollector, explain, python_version
@@ -38,19 +37,6 @@ def hot_lines() -> range:
     tree = ast.parse(PYCLIENT.read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == HOT)
     return range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)
-
-
-def record(
-    pid: int, out: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KVPROF, "record", "-p", str(pid), "-o", str(out), "-q", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        env=env,
-    )
 
 
 BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: sum(range(99))"
@@ -93,7 +79,7 @@ def test_transient_pyspy_failures_are_retried_and_counted(
     recording still succeeds, and says it tried twice again."""
     env = flaky_pyspy(tmp_path / "bin", fails=1)
     out = tmp_path / "py.json"
-    r = record(busy_python.pid, out, "-d", "1", "--python", "--collectors", "oncpu", env=env)
+    r = record(busy_python.pid, out, "-d", "1", "--python", "--collectors", "oncpu", env=env, timeout=180)
     assert r.returncode == 0, r.stderr
     calls = (tmp_path / "bin" / "calls").read_text().split()
     assert calls.count("dump") == 2 and calls.count("record") == 2, calls
@@ -106,7 +92,17 @@ def test_transient_pyspy_failures_are_retried_and_counted(
 def test_pyspy_that_never_reads_is_refused(busy_python: subprocess.Popen[bytes], tmp_path: Path) -> None:
     """A target py-spy fails to read every time: refused after READ_TRIES tries, one line."""
     env = flaky_pyspy(tmp_path / "bin", fails=100)
-    r = record(busy_python.pid, tmp_path / "x.json", "-d", "1", "--python", "--collectors", "oncpu", env=env)
+    r = record(
+        busy_python.pid,
+        tmp_path / "x.json",
+        "-d",
+        "1",
+        "--python",
+        "--collectors",
+        "oncpu",
+        env=env,
+        timeout=180,
+    )
     assert r.returncode == 2, r.stderr
     assert (
         r.stderr.strip()
@@ -256,7 +252,7 @@ def test_record_python_client_names_its_hot_function(
     server = kvcached_factory("-t", "2")
     client = pyclient(server, 90)
     out = tmp_path / "py.json"
-    r = record(client.pid, out, "-d", "3")
+    r = record(client.pid, out, "-d", "3", timeout=180)
     client.terminate()
     assert r.returncode == 0, r.stderr
     p = Profile.load(out)
@@ -322,7 +318,7 @@ def test_top_live_source_takes_python_stacks_from_py_spy(
 def test_python_on_a_non_python_pid_is_one_line(kvcached: Server, tmp_path: Path) -> None:
     """--python on kvcached: one readable line, exit 2, nothing written."""
     out = tmp_path / "x.json"
-    r = record(kvcached.pid, out, "--python", "--collectors", "oncpu", "-d", "1")
+    r = record(kvcached.pid, out, "--python", "--collectors", "oncpu", "-d", "1", timeout=180)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not a CPython process" in lines[0], r.stderr

@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Unprivileged, bpf_frames, pin_workers
-from support import KVPROF, kvload, record, semaphores
+from support import (
+    KVPROF,
+    Unprivileged,
+    bpf_frames,
+    kvload,
+    pin_workers,
+    reaped,
+    record,
+    semaphores,
+    start_record,
+)
 
 from kvprof.analysis.own_cost import own_cost
 from kvprof.model.profile import Profile
@@ -63,21 +72,12 @@ def test_baseline_profile_names_the_contention(
     # its end, then record stops. The server's counters and the probes' maps are
     # then still while they are read, so they cover the same waits however long
     # the reads take on a loaded machine.
-    rec = subprocess.Popen(
-        [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "600"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with reaped(start_record(server.pid, out, "-d", "600")) as rec:
         wait_collecting(rec)
         with kvload(server, 4) as kv:
             kv.wait(timeout=60)
         rec.send_signal(signal.SIGINT)
         _, err = rec.communicate(timeout=120)
-    finally:
-        if rec.poll() is None:
-            rec.kill()
-            rec.wait()
     assert rec.returncode == 0, err
     p = Profile.load(out)
     assert p.target.kvs_probes and p.target.pid == server.pid
@@ -160,11 +160,7 @@ def test_sigint_detaches_and_the_target_keeps_serving(
     out = tmp_path / "int.json"
     with kvload(server, 12, "--verify", "--min-size=64") as kv:
         time.sleep(0.5)
-        rec = subprocess.Popen(
-            [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        rec = start_record(server.pid, out, "-d", "60")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(semaphores(server).values()):
             time.sleep(0.2)  # attached once the semaphores go up
@@ -191,11 +187,7 @@ def test_sigkill_of_record_leaves_no_semaphore_raised(
     assert not any(semaphores(server).values()), "a kvs probe is already enabled on this server"
     out = tmp_path / "killed.json"
     with kvload(server, 12, "--verify", "--min-size=64") as kv:
-        rec = subprocess.Popen(
-            [*KVPROF, "record", "-p", str(server.pid), "-o", str(out), "-d", "60"],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        rec = start_record(server.pid, out, "-d", "60")
         wait_collecting(rec)
         raised = semaphores(server)
         # the probes of locks, cachelines and requests, raised by the kernel
@@ -217,22 +209,7 @@ def test_target_killed_mid_run_gives_a_partial_profile(
     server = start_kvcached(["-t", "2"])  # not the fixture: it would fail on the SIGKILL exit status
     out = tmp_path / "dead.json"
     with kvload(server, 30):
-        rec = subprocess.Popen(
-            [
-                *KVPROF,
-                "record",
-                "-p",
-                str(server.pid),
-                "-o",
-                str(out),
-                "-d",
-                "60",
-                "--collectors",
-                "oncpu,locks",
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        rec = start_record(server.pid, out, "-d", "60", "--collectors", "oncpu,locks")
         said = wait_collecting(rec)
         time.sleep(1.5)
         os.kill(server.pid, signal.SIGKILL)
@@ -307,25 +284,7 @@ def test_a_missing_python_package_fails_one_collector_not_the_recording(
         "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]),
     }
     with kvload(kvcached, 6):
-        r = subprocess.run(
-            [
-                *KVPROF,
-                "record",
-                "-p",
-                str(kvcached.pid),
-                "-o",
-                str(out),
-                "-q",
-                "-d",
-                "1",
-                "--collectors",
-                "oncpu,cachelines",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        r = record(kvcached.pid, out, "-d", "1", "--collectors", "oncpu,cachelines", env=env)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     p = Profile.load(out)
@@ -376,8 +335,8 @@ def test_profile_says_what_kvprof_cost(kvcached_factory: Callable[..., Server], 
     assert all(c.runs > 0 for c in o.programs if c.collector in ("oncpu", "offcpu", "cachelines")), o.programs
     cost = own_cost(p)
     assert cost is not None
-    # the benchmark measured a loss of 0-3 % for record on this load; the figure is an
-    # estimate of the same thing, so it lands in the same small range, never 0
+    # the benchmark's measured loss for record on this load is small (docs/record.md,
+    # "Overhead"); the figure estimates the same thing, so it lands in that range, never 0
     assert 0.001 < cost.share < 0.06, cost
     assert any(r.collector == "offcpu" and r.fired_by == "tracepoint" for r in cost.rows)
     text = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, check=True).stdout

@@ -173,10 +173,10 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
 
     # ranking: the two lines the kvs probes rank first (the item and the memory counter)
     # are among the three most sampled of the lines they report, and the kvs top line is
-    # among the three most sampled of all. (The second and third lines took 14 and 18
-    # samples in one run under load, within each other's Poisson noise, so their order
-    # is not asserted; the histogram's lines differ by less than the noise of either
-    # method: docs/cachelines.md.)
+    # among the three most sampled of all. (The second and third lines' counts in one
+    # run under load were within each other's Poisson noise, so their order is not
+    # asserted; the histogram's lines differ by less than the noise of either method:
+    # docs/cachelines.md has the counts.)
     transfers: dict[int, int] = {}
     for c in kvs.cachelines:
         transfers[c.line] = transfers.get(c.line, 0) + c.transfers

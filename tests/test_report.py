@@ -176,22 +176,14 @@ def test_command_missing_file(tmp_path: Path) -> None:
     assert_one_line_error(kvprof("report", str(tmp_path / "nope.json")), "no such file")
 
 
-def test_command_truncated_json(tmp_path: Path) -> None:
-    """A JSON profile cut in half: one line, exit 2."""
-    path = tmp_path / "cut.json"
-    baseline_profile().save(path)
-    text = path.read_text()
-    path.write_text(text[: len(text) // 2])
-    assert_one_line_error(kvprof("report", str(path)), "cut.json")
-
-
-def test_command_truncated_gzip(tmp_path: Path) -> None:
-    """A gzip profile cut short: one line, exit 2."""
-    path = tmp_path / "cut.json.gz"
+@pytest.mark.parametrize("name", ["cut.json", "cut.json.gz"])
+def test_command_truncated_profile(tmp_path: Path, name: str) -> None:
+    """A JSON or gzip profile cut in half: one line naming the file, exit 2."""
+    path = tmp_path / name
     baseline_profile().save(path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    assert_one_line_error(kvprof("report", str(path)), "cut.json.gz")
+    assert_one_line_error(kvprof("report", str(path)), name)
 
 
 def test_command_corrupt_gzip(tmp_path: Path) -> None:
@@ -232,7 +224,7 @@ def test_command_directory(tmp_path: Path) -> None:
     assert_one_line_error(kvprof("report", str(tmp_path)), "directory")
 
 
-# ---- the command's text on the profiles kept in tests/ (pinned before issue 15's restructuring)
+# ---- the command's text on the profiles kept in tests/, pinned byte for byte
 
 PROFILES = {
     "flame-small": REPO / "tests" / "golden" / "flame-small.json",

@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import record
+from support import record, top_app
 from textual.widgets import Static
 
 from kvprof.collect.server_stats import general_stats, ops_total, server_stats
 from kvprof.model.profile import Profile
 from kvprof.system.servers import Server, start_memcached, start_redis
-from kvprof.tui.app import TopApp
 from kvprof.tui.sources import LiveSource
 
 
@@ -136,7 +135,7 @@ def test_record_memcached_keeps_stats(memcached: Server, tmp_path: Path) -> None
 def _header(pid: int, until: Callable[[str], bool]) -> str:
     """The Overview header of `kvprof top -p PID` once `until(header)` holds (or after 20 s)."""
     source = LiveSource(pid, collectors=("oncpu",))
-    app = TopApp(source, interval=1.0)
+    app = top_app(source)
     seen = [""]
 
     async def go() -> None:

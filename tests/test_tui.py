@@ -8,13 +8,11 @@ that exits, which needs no root.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from support import KVPROF, halved
+from support import KVPROF, TOP_BASELINE, drive, halved, reaped, top_app, until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
@@ -23,7 +21,6 @@ from kvprof.tui.data import Sample
 from kvprof.tui.sources import ReplaySource
 from kvprof.tui.widgets import OverviewPanel, StacksPanel
 
-FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
 VIEWS = ("overview", "stacks", "locks", "lines", "threads", "requests")
 TABLES = {
     "overview": "#ov-findings",
@@ -35,39 +32,15 @@ TABLES = {
 }
 
 
-def replay_app(tmp_path: Path, interval: float = 1.0) -> TopApp:
-    return TopApp(ReplaySource(FIXTURE), interval=interval, out_dir=tmp_path, clock=lambda: 1_800_000_000.0)
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await pilot.pause(0.05)
-    return check()
-
-
-def drive(
-    app: TopApp, script: Callable[[Pilot[None]], Awaitable[None]], size: tuple[int, int] = (80, 24)
-) -> None:
-    async def go() -> None:
-        async with app.run_test(size=size) as pilot:
-            assert await until(pilot, lambda: app.frames > 0), app.error
-            await pilot.pause()
-            await script(pilot)
-
-    asyncio.run(go())
-
-
 def rows(app: TopApp, view: str) -> list[str]:
     table = app.query_one(TABLES[view], DataTable)
     return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
 
 
-def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
-    """Keys 1-6 switch to each view, and each draws rows from the replayed profile."""
-    app = replay_app(tmp_path)
+def test_every_view_renders_and_number_keys_and_tabs_switch(tmp_path: Path) -> None:
+    """Keys 1-6 switch to each view, and each draws rows from the replayed profile;
+    the tabs answer the mouse as well."""
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         for i, view in enumerate(VIEWS, 1):
@@ -75,6 +48,9 @@ def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
             await pilot.pause()
             assert app.query_one(TabbedContent).active == view
             assert await until(pilot, lambda v=view: bool(rows(app, v))), view  # type: ignore[misc]
+        await pilot.click("#--content-tab-locks")
+        await pilot.pause()
+        assert app.query_one(TabbedContent).active == "locks"
         assert any("update_topkeys" in r for r in rows(app, "overview"))
         assert any("topkeys" in r for r in rows(app, "locks"))
         assert {"account_memory", "collect_timings", "on_create_item"} <= {
@@ -86,21 +62,9 @@ def test_every_view_renders_and_number_keys_switch(tmp_path: Path) -> None:
     drive(app, script)
 
 
-def test_mouse_click_on_a_tab_switches_view(tmp_path: Path) -> None:
-    """Tabs answer the mouse as well as the number keys."""
-    app = replay_app(tmp_path)
-
-    async def script(pilot: Pilot[None]) -> None:
-        await pilot.click("#--content-tab-locks")
-        await pilot.pause()
-        assert app.query_one(TabbedContent).active == "locks"
-
-    drive(app, script)
-
-
 def test_pause_stops_refreshing_and_resume_restarts(tmp_path: Path) -> None:
     """p freezes the screen (no polls, PAUSED in the status bar); p again resumes."""
-    app = replay_app(tmp_path, interval=0.2)
+    app = top_app(interval=0.2, out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("p")
@@ -119,7 +83,7 @@ def test_pause_stops_refreshing_and_resume_restarts(tmp_path: Path) -> None:
 
 def test_filter_narrows_rows_and_escape_clears_it(tmp_path: Path) -> None:
     """/ then text keeps only the matching rows; Escape brings them all back."""
-    app = replay_app(tmp_path)
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("2")
@@ -143,7 +107,7 @@ def test_filter_narrows_rows_and_escape_clears_it(tmp_path: Path) -> None:
 
 def test_thread_key_narrows_stacks_to_one_thread(tmp_path: Path) -> None:
     """t cycles the Stacks view through the busiest threads."""
-    app = replay_app(tmp_path)
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("2", "t")
@@ -156,7 +120,7 @@ def test_thread_key_narrows_stacks_to_one_thread(tmp_path: Path) -> None:
 
 def test_enter_on_a_finding_shows_its_explanation_and_fix(tmp_path: Path) -> None:
     """Highlighting a finding explains it below; Enter opens everything about it."""
-    app = replay_app(tmp_path)
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         detail = str(app.query_one("#ov-detail", Static).render())
@@ -179,7 +143,7 @@ def test_enter_on_a_finding_shows_its_explanation_and_fix(tmp_path: Path) -> Non
 
 def test_s_writes_a_profile_that_report_reads(tmp_path: Path) -> None:
     """s saves the session so far; `kvprof report` reads it and names the topkeys lock."""
-    app = replay_app(tmp_path)
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("s")
@@ -195,7 +159,7 @@ def test_s_writes_a_profile_that_report_reads(tmp_path: Path) -> None:
 
 def test_f_writes_a_flame_graph_svg(tmp_path: Path) -> None:
     """f exports the session so far as an SVG flame graph (locks from the Locks view)."""
-    app = replay_app(tmp_path)
+    app = top_app(out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("f")
@@ -221,7 +185,7 @@ class EndingSource:
     pid = 4242
 
     def __init__(self) -> None:
-        self.replay = ReplaySource(FIXTURE)
+        self.replay = ReplaySource(TOP_BASELINE)
         self.polls = 0
         self.closed = False
 
@@ -249,7 +213,7 @@ class EndingSource:
 def test_target_exit_shows_a_banner_and_keeps_the_data(tmp_path: Path) -> None:
     """When the target exits a banner says so and the findings stay on screen."""
     source = EndingSource()
-    app = TopApp(source, interval=0.1, out_dir=tmp_path)
+    app = top_app(source, interval=0.1, out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         banner = app.query_one("#banner", Static)
@@ -270,11 +234,11 @@ def test_top_ends_when_its_terminal_goes_away_without_a_hangup() -> None:
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [*KVPROF, "top", "--replay", str(FIXTURE)], stdin=slave, stdout=slave, stderr=slave
+    top = subprocess.Popen(
+        [*KVPROF, "top", "--replay", str(TOP_BASELINE)], stdin=slave, stdout=slave, stderr=slave
     )
-    os.close(slave)
-    try:
+    with reaped(top) as proc:
+        os.close(slave)
         drawn = b""
         deadline = time.monotonic() + 60
         while b"Overview" not in drawn and time.monotonic() < deadline and proc.poll() is None:
@@ -283,7 +247,3 @@ def test_top_ends_when_its_terminal_goes_away_without_a_hangup() -> None:
         os.close(master)
         proc.wait(timeout=60)  # bounded: the check runs every second
         assert proc.returncode == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from support import halved
+from support import TOP_BASELINE, halved
 
 from kvprof.model.profile import Profile
 from kvprof.tui import data
 from kvprof.tui.data import Sample, Timeline, build_frame
 
-FIXTURE = Path(__file__).parent / "fixtures" / "top-baseline.json"
-
 
 def fixture() -> Profile:
-    return Profile.load(FIXTURE)
+    return Profile.load(TOP_BASELINE)
 
 
 def test_data_layer_does_not_import_textual() -> None:

@@ -7,12 +7,10 @@ where diff mode needs a previous window.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from support import FIXTURES, FLAME_VIEW, TOP_BASELINE, drive, top_app, until
 from textual.pilot import Pilot
 from textual.widgets import TabbedContent
 
@@ -22,38 +20,9 @@ from kvprof.tui.data import RECENT_SAMPLES, Sample
 from kvprof.tui.flame import FlameGraph, FlamePanel
 from kvprof.tui.sources import ReplaySource
 
-FIXTURES = Path(__file__).parent / "fixtures"
-FIXTURE = FIXTURES / "top-baseline.json"
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await pilot.pause(0.05)
-    return check()
-
-
-def drive(app: TopApp, script: Callable[[Pilot[None]], Awaitable[None]], size: tuple[int, int]) -> None:
-    async def go() -> None:
-        async with app.run_test(size=size) as pilot:
-            assert await until(pilot, lambda: app.frames > 0), app.error
-            await pilot.pause()
-            tabs = app.query_one(TabbedContent)
-            for _ in range(5):  # a key that early can be undone by the start's focus (see test_tui_snapshots)
-                await pilot.press("7")
-                await pilot.pause(0.2)
-                if tabs.active == "flame":
-                    break
-            assert tabs.active == "flame"
-            await script(pilot)
-
-    asyncio.run(go())
-
 
 def replay(tmp_path: Path, baseline: Profile | None = None) -> TopApp:
-    return TopApp(ReplaySource(FIXTURE), out_dir=tmp_path, clock=lambda: 1_800_000_000.0, baseline=baseline)
+    return top_app(out_dir=tmp_path, baseline=baseline)
 
 
 def status(app: TopApp) -> str:
@@ -80,7 +49,7 @@ def test_view_7_draws_the_root_to_leaf_path(tmp_path: Path) -> None:
         assert "all  211 samples, 100% of the total" in status(app)
         assert str(app.query_one("#flame-hot").render()).startswith("★ update_topkeys 10.0% · ")
 
-    drive(app, script, (80, 24))
+    drive(app, script, (80, 24), FLAME_VIEW)
 
 
 def test_enter_zooms_and_escape_restores(tmp_path: Path) -> None:
@@ -109,7 +78,7 @@ def test_enter_zooms_and_escape_restores(tmp_path: Path) -> None:
         await pilot.press("escape")  # not zoomed: the app's binding
         assert app.query_one(TabbedContent).active == "flame"
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_zoom_survives_a_refresh(tmp_path: Path) -> None:
@@ -129,7 +98,7 @@ def test_zoom_survives_a_refresh(tmp_path: Path) -> None:
         assert ic is not None and ic.zoom == ("start_thread", "worker_main") == graph.selected
         assert ic.rows[2][0].width == ic.width
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_slash_highlights_and_gives_the_share(tmp_path: Path) -> None:
@@ -143,7 +112,7 @@ def test_slash_highlights_and_gives_the_share(tmp_path: Path) -> None:
         assert app.query_one(TabbedContent).active == "flame"
         assert app.focused is app.query_one(FlameGraph)
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_t_cycles_threads_and_o_kinds_in_the_view(tmp_path: Path) -> None:
@@ -165,7 +134,7 @@ def test_t_cycles_threads_and_o_kinds_in_the_view(tmp_path: Path) -> None:
             kinds.append((panel.kind, head(app).split(" · ")[0]))
         assert kinds == [("offcpu", "off-CPU"), ("locks", "lock wait"), ("cpu", "on-CPU")]
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_f_writes_the_kind_shown(tmp_path: Path) -> None:
@@ -176,7 +145,7 @@ def test_f_writes_the_kind_shown(tmp_path: Path) -> None:
         await pilot.press("o", "o", "f")
         assert await until(pilot, lambda: bool(app.written))
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
     assert "-locks-" in app.written[0].name
 
 
@@ -189,7 +158,7 @@ def test_diff_without_a_previous_window_says_so(tmp_path: Path) -> None:
         assert "diff: no previous window yet" in head(app)
         assert app.query_one(FlameGraph).base is None
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_diff_against_a_baseline(tmp_path: Path) -> None:
@@ -205,7 +174,7 @@ def test_diff_against_a_baseline(tmp_path: Path) -> None:
         # the fixture's stacks start at start_thread, the newer recording's at clone3
         assert "start_thread" in status(app) and "was 0.0%" in status(app)
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 class GrowingSource(ReplaySource):
@@ -214,7 +183,7 @@ class GrowingSource(ReplaySource):
     live = True
 
     def __init__(self) -> None:
-        super().__init__(FIXTURE)
+        super().__init__(TOP_BASELINE)
         self.label = "live"
         self.polls = 0
 
@@ -232,7 +201,7 @@ class GrowingSource(ReplaySource):
 def test_diff_against_the_previous_window(tmp_path: Path) -> None:
     """Live, d compares the recent window with the one before it, once that has passed."""
     source = GrowingSource()
-    app = TopApp(source, interval=0.05, out_dir=tmp_path)
+    app = top_app(source, interval=0.05, out_dir=tmp_path)
 
     async def script(pilot: Pilot[None]) -> None:
         await pilot.press("d")
@@ -245,7 +214,7 @@ def test_diff_against_the_previous_window(tmp_path: Path) -> None:
         assert graph.base.total == graph.flame.total  # the same pace in both windows
         assert panel.previous() is panel.windows[0]
 
-    drive(app, script, (132, 40))
+    drive(app, script, (132, 40), FLAME_VIEW)
 
 
 def test_a_refresh_with_the_same_data_lays_nothing_out(tmp_path: Path) -> None:
@@ -264,4 +233,4 @@ def test_a_refresh_with_the_same_data_lays_nothing_out(tmp_path: Path) -> None:
         assert await until(pilot, lambda: bool(graph._strips))
         assert max(graph._strips) < graph.size.height
 
-    drive(app, script, (80, 24))
+    drive(app, script, (80, 24), FLAME_VIEW)

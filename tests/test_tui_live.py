@@ -7,15 +7,14 @@ import time
 from collections.abc import Callable
 
 import pytest
-from support import assert_detached, kvload
+from support import assert_detached, kvload, top_app
 from textual.widgets import Static
 
 from kvprof.system.servers import Server
-from kvprof.tui.app import TopApp
 from kvprof.tui.sources import LiveSource
 from kvprof.tui.widgets import OverviewPanel
 
-DEADLINE_S = 10.0  # the promise: the topkeys lock named within 10 s of start
+DEADLINE_S = 10.0  # top's promise (docs/top.md): the topkeys lock named this soon after start
 
 
 @pytest.mark.bpf
@@ -27,7 +26,7 @@ def test_top_names_the_topkeys_lock_within_10_s(kvcached_factory: Callable[..., 
     with kvload(server, 60):
         time.sleep(0.5)
         source = LiveSource(server.pid)
-        app = TopApp(source, interval=1.0)
+        app = top_app(source)
 
         async def go() -> None:
             async with app.run_test(size=(132, 40)) as pilot:

@@ -13,65 +13,34 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import FIXTURES, FLAME_VIEW, TOP_BASELINE, first_frame, show_view, top_app
 from textual.pilot import Pilot
-from textual.widgets import TabbedContent
 
 from kvprof.model.profile import Profile
 from kvprof.tui.app import TopApp
 from kvprof.tui.sources import ReplaySource
 
-FIXTURES = Path(__file__).parent / "fixtures"
-FIXTURE = FIXTURES / "top-baseline.json"
-FROZEN = 1_800_000_000.0
-
-
-def app() -> TopApp:
-    return TopApp(ReplaySource(FIXTURE), interval=1.0, out_dir="/nonexistent", clock=lambda: FROZEN)
-
-
-async def ready(pilot: Pilot[None]) -> None:
-    """Wait for the first frame, as a person would before looking."""
-    top = pilot.app
-    assert isinstance(top, TopApp)
-    for _ in range(200):
-        if top.frames:
-            break
-        await pilot.pause(0.05)
-    assert top.frames, top.error
-    await pilot.pause()
+FLAME_BASELINE, FLAME_FIXED = FIXTURES / "flame-baseline.json", FIXTURES / "flame-fixed.json"
 
 
 @pytest.mark.parametrize("size", [(80, 24), (132, 40)], ids=["80x24", "132x40"])
 @pytest.mark.parametrize("keys", [pytest.param([], id="overview"), pytest.param(["4"], id="cachelines")])
 def test_snapshot(snap_compare: Callable[..., bool], keys: list[str], size: tuple[int, int]) -> None:
     """The view at this size looks as accepted: findings named and ranked, the socket matrix drawn."""
-    assert snap_compare(app(), press=keys, terminal_size=size, run_before=ready)
+    assert snap_compare(top_app(), press=keys, terminal_size=size, run_before=first_frame)
 
 
 async def on_flame(pilot: Pilot[None]) -> None:
-    """The first frame, then view 7. A key pressed that early can be undone by the focus
-    Textual gave Overview's table at start (its TabPane.Focused arrives late): press again."""
-    await ready(pilot)
-    tabs = pilot.app.query_one(TabbedContent)
-    for _ in range(5):
-        await pilot.press("7")
-        await pilot.pause(0.2)
-        if tabs.active == "flame":
-            break
-    assert tabs.active == "flame"
+    """The first frame, then view 7."""
+    await first_frame(pilot)
+    await show_view(pilot, *FLAME_VIEW)
 
 
-def flame_app(path: Path = FIXTURE, baseline: Path | None = None) -> TopApp:
+def flame_app(path: Path = TOP_BASELINE, baseline: Path | None = None) -> TopApp:
     source = ReplaySource(path)
     # colours by module read the recorded binary when it is there: not on every machine
     source.profile.target.exe = ""
-    return TopApp(
-        source,
-        interval=1.0,
-        out_dir="/nonexistent",
-        clock=lambda: FROZEN,
-        baseline=Profile.load(baseline) if baseline is not None else None,
-    )
+    return top_app(source, baseline=Profile.load(baseline) if baseline is not None else None)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (132, 40)], ids=["80x24", "132x40"])
@@ -96,5 +65,5 @@ def test_flame_keys_snapshot(snap_compare: Callable[..., bool], keys: list[str])
 
 def test_flame_diff_snapshot(snap_compare: Callable[..., bool]) -> None:
     """d against --baseline: the baseline preset's recording coloured by change from the fixed one's."""
-    app = flame_app(FIXTURES / "flame-baseline.json", FIXTURES / "flame-fixed.json")
+    app = flame_app(FLAME_BASELINE, FLAME_FIXED)
     assert snap_compare(app, press=["d"], terminal_size=(132, 40), run_before=on_flame)

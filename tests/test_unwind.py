@@ -18,8 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import stop_contend
-from support import collecting, snapshot
+from support import collecting, snapshot, stop_contend
 
 from kvprof.analysis.findings import find
 from kvprof.collect import CollectOptions

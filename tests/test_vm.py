@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import bpf_frames
+from support import bpf_frames
 
 from kvprof.model.profile import Profile
 from kvprof.model.topology import Topology

@@ -2,15 +2,16 @@
 
 A virtual machine's CPUs are threads on the host, and the host moves them.
 On the 2-vCPU development VM the round trip of one cache line between the two
-vCPUs (`server/build/atomics --mode pingpong`) is either about 100 ns (host
-cores that share a cache) or about 450 ns (cores that do not), and flips
-between the two every 10 to 40 seconds, idle or loaded, often in the middle
-of a run. Whatever crosses between threads costs accordingly more or less: a
-shared mutex, a shared atomic counter, a socket's data. kvcached `baseline`, whose
-mutex and atomics bounce between the workers, made 1.41M ops/s in 2-second
-runs on the near placement and 1.13M on the far one; `fixed`, which shares
-no line between workers, changed much less. Runs at different placements
-measure different machines.
+vCPUs (`server/build/atomics --mode pingpong`) takes one of two values, the
+far one several times the near (host cores that share a cache, and cores
+that do not), and flips between them every few tens of seconds, idle or
+loaded, often in the middle of a run. Whatever crosses between threads costs
+accordingly more or less: a shared mutex, a shared atomic counter, a socket's
+data. kvcached `baseline`, whose mutex and atomics bounce between the workers,
+serves markedly fewer ops/s on the far placement; `fixed`, which shares no
+line between workers, changes much less (docs/bench-results.md, "The host
+moves the CPUs", has the readings). Runs at different placements measure
+different machines.
 
 So every run of `kvprof bench` and of bench/overhead.py is bracketed by a
 short round-trip probe (30 ms, between the first two CPUs the bench may use,
@@ -38,9 +39,9 @@ from kvprof.model.topology import Topology
 ATOMICS_BIN = SERVER_BUILD / "atomics"  # server/bench/atomics.c: counters and the ping-pong
 PROBE_MS = 30
 MAX_NS = 20_000.0  # no cache line takes this long to go and come back; a descheduled thread does
-# Two round trips within this factor are one placement. Within one placement
-# the readings spread by up to 1.6x here (85-135 ns, 420-600 ns); the two
-# placements are 4-5x apart.
+# Two round trips within this factor are one placement: the readings of one
+# placement spread by less, the two placements lie further apart
+# (docs/bench-results.md, "The host moves the CPUs").
 ALIKE = 2.0
 
 

@@ -52,7 +52,8 @@ REDO_MAX = 3
 # Each run of a round is made of slices of about SLICE_S, alternated between
 # the variants (A B C, C B A, A B C, ...), so that the runs a per-round ratio
 # divides were measured over the same seconds: the host moves the vCPUs
-# between near and far cores every 10-40 s, more often than a round lasts.
+# between near and far cores more often than a round lasts
+# (docs/bench-results.md, "The host moves the CPUs").
 SLICE_S = 1.0
 
 

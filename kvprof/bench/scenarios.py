@@ -59,11 +59,9 @@ STUDY_NUM_ITEMS = 10_000
 # one connection's reply and sends its next batch, the worker serves the
 # other. One kvload thread per worker (up to the CPU count): parsing a
 # 100-value reply costs kvload about as much CPU as serving it costs the
-# server, so a single kvload thread serializes the loop. Measured on the
-# 2-core VM against `fixed -t 2` in quiet moments: 1 thread x 4 connections
-# 1.75M gets/s with 0.95 + 0.77 cores busy (server + kvload; a core partly
-# idle), 2 threads x 2 connections 2.5M with 1.07 + 0.93 (both cores busy),
-# 2 x 4 no better (docs/bench.md).
+# server, so a single kvload thread serializes the loop; more threads or
+# connections than these do not raise the throughput on the 2-core VM, its
+# cores are full (docs/bench-results.md, "Client settings").
 CONNECTIONS_PER_CLIENT_THREAD = 2
 
 # memcaslap's workload for `loadgen`, given to both generators: 90 % gets,

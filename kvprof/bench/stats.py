@@ -6,7 +6,7 @@ The verdict of an interleaved bench is judged on the per-round ratios (round
 i's new / reference), not on each variant's CV of ops/s: on a VM whose host
 moves the vCPUs between cores that share a cache and cores that do not, a
 whole round speeds up or slows down together, which the CV of ops/s counts as
-noise and the ratio divides out (docs/bench.md has the run that showed it).
+noise and the ratio divides out (docs/bench-results.md has the runs that show it).
 
 Throughput samples are ops/s (higher is better). The t-test is pyperf's: a
 two-sample, two-tailed Student's t-test at 95 % on the values pyperf stores,

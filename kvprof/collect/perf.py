@@ -7,8 +7,8 @@ copies a slice of each sampled thread's stack and unwinds it afterwards.
 
 It samples system-wide (`-a`) and keeps the target's samples when reading
 them back: per-task cpu-clock events (`perf record -p PID`) deliver no samples
-on this kernel (6.18 guest, perf 6.1; measured), and they cost more than
-per-CPU events anyway (docs/record.md: 18 % of throughput at 999 Hz).
+on the 6.18 guest with perf 6.1, and they cost the target more than per-CPU
+events anyway (docs/record.md, on `--backend perf`, has both measurements).
 """
 
 from __future__ import annotations

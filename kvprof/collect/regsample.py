@@ -96,8 +96,8 @@ class RegsampleCollector(BpfCollector):
                 f"regsample: no module named {missing[0]!r}: "
                 "run scripts/provision.sh (python3-capstone, python3-pyelftools)"
             )
-        # Importing capstone takes ~0.25 s of CPU here (docs/record.md): done
-        # meanwhile, while BCC compiles (which leaves the GIL), not after it.
+        # Importing capstone is a noticeable part of attaching's CPU (docs/record.md,
+        # "Attach time"): done while BCC compiles (which leaves the GIL), not after it.
         threading.Thread(target=_import_decode, name="kvprof-capstone", daemon=True).start()
         text = source(self.name).read_text()
         return Program(self.name, text, [f"-DREGSAMPLE_RING={RING}", f"-DREGSAMPLE_THREADS={MAX_THREADS}"])

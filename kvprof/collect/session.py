@@ -101,9 +101,10 @@ def modules(pid: int, names: list[str] | tuple[str, ...], opts: CollectOptions) 
 @contextmanager
 def _attach_priority() -> Iterator[None]:
     """This thread at nice ATTACH_NICE while it compiles and attaches, then back. The
-    compile is ~1 CPU s (docs/record.md); on a machine whose CPUs the target keeps
-    busy it got half a CPU and took twice as long. The CPU it takes is the same, it
-    takes it sooner; only this thread is raised, and only root may raise it."""
+    compile is most of attaching's CPU (docs/record.md, "Attach time"); on a machine
+    whose CPUs the target keeps busy it gets a share of a CPU and takes longer by as
+    much. The CPU it takes is the same, it takes it sooner; only this thread is
+    raised, and only root may raise it."""
     tid = threading.get_native_id()
     try:
         old = os.getpriority(os.PRIO_PROCESS, tid)

@@ -40,9 +40,10 @@ CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 _SYSCALLS = {"x86_64": (321, 298), "aarch64": (280, 241)}
 
 # Share of sampled x86-64 function prologues with `mov %rsp,%rbp` above which a
-# binary counts as built with frame pointers, and below which it has none.
-# Measured: kvcached 75 %, Debian's glibc 2 %, python3.11 0 %. Not 100 %:
-# gcc's shrink-wrapping and frameless leaves leave some functions without one.
+# binary counts as built with frame pointers, and below which it has none: the
+# shares measured on real binaries (docs/doctor.md, "unwind info") fall well
+# clear of both. Never all: gcc's shrink-wrapping and frameless leaves leave
+# some functions without one.
 FP_PRESENT, FP_ABSENT = 0.5, 0.1
 
 

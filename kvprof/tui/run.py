@@ -53,7 +53,7 @@ def main(opts: TopOptions) -> int:
     if opts.replay is None:
         # Everything is detached and every server we started is stopped by now. What is
         # left is the interpreter's teardown, where libbcc's LLVM destructors take most
-        # of a second (measured: 0.8 s), or a compile that close() chose not to wait for
+        # of a second (docs/top.md), or a compile that close() chose not to wait for
         # (see LiveSource.close): skip both.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -230,8 +230,8 @@ class LiveSource:
     def close(self) -> None:
         """Stop attaching, detach everything; idempotent.
 
-        A collector being compiled is not waited for (it takes up to ~10 s on
-        a busy machine): it holds only file descriptors until it attaches (the
+        A collector being compiled is not waited for (it takes seconds on a
+        busy machine: docs/top.md, "How it works"): it holds only file descriptors until it attaches (the
         kvs ones too: the kernel owns the probe semaphores, see
         kvprof/collect/usdt.py). If it finishes in this process it sees the
         session closed and detaches itself (attaching() is True until then); if

@@ -118,7 +118,7 @@ static int on_writable(struct run *r, struct conn *c)
 
 /* The batch was answered: the next one, sent at once. Waiting for EPOLLOUT
  * first costs two epoll_ctl calls and a wake-up per batch, which made
- * unbatched kvload slower than memcaslap (docs/bench.md); only a full
+ * unbatched kvload slower than memcaslap (docs/bench-results.md); only a full
  * socket buffer waits for writability. -1: the connection failed. */
 static int on_answered(struct run *r, struct conn *c)
 {

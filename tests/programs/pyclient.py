@@ -29,8 +29,8 @@ def hammer_kvcached_with_gets(client: Client, rounds: int) -> int:
 
     Besides the requests it checks every byte it read in a plain loop, CHECK_PASSES
     times, so most of its CPU time is its own: its self samples beat pymemcache's
-    internals by a margin that load on the machine does not close (one pass was
-    about 0.7x `Client._fetch_cmd`'s under a CPU-bound neighbour)."""
+    internals by a margin that load on the machine does not close (one pass does
+    not: docs/python.md, "Tests")."""
     ops = 0
     checksum = 0
     for i in range(rounds):
