@@ -380,6 +380,7 @@ TOOLS = ("record", "top", "record-oncpu-offcpu", "bcc-profile", "perf-dwarf", "n
 class Window:
     ops_per_sec: float
     server_cpu: float  # the server's CPU time per second
+    rt: tuple[float, float] = (math.nan, math.nan)  # cache-line round trips before and after (placement)
     own_cost: float | None = None  # the record profile's own-cost figure (kvprof.analysis.own_cost)
     profile: Profile | None = None
 
@@ -389,11 +390,23 @@ def server_ops(server: Server) -> int:
     return int(stats["cmd_get"]) + int(stats["cmd_set"])
 
 
+PLACEMENT = Placement()
+
+
 def measure_window(server: Server, seconds: float) -> Window:
+    rt0 = PLACEMENT.probe()
     ops0, cpu0, t0 = server_ops(server), process_cpu_s(server.pid), time.monotonic()
     time.sleep(seconds)
     ops1, cpu1, t1 = server_ops(server), process_cpu_s(server.pid), time.monotonic()
-    return Window((ops1 - ops0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0))
+    return Window((ops1 - ops0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0), (rt0, PLACEMENT.probe()))
+
+
+def window_class(w: Window, threshold: float) -> str:
+    """near / far / moved, as placement_class for a Run."""
+    if any(math.isnan(x) for x in w.rt):
+        return "?"
+    near = [x < threshold for x in w.rt]
+    return "near" if all(near) else "far" if not any(near) else "moved"
 
 
 def _ready_line(proc: subprocess.Popen[str], word: str, timeout: float, what: str) -> None:
@@ -544,6 +557,7 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
               "tools in turn; ratio = with / without, from the server's `stats`")  # fmt: skip
         print(f"{'pair':>4} {'tool':<20} {'without ops/s':>14} {'with':>12} {'ratio':>7} {'CPU/op':>7} "
               f"{'own-cost':>9}")  # fmt: skip
+        pairs: dict[str, list[tuple[Window, Window]]] = {t: [] for t in tools}
         ratios: dict[str, list[float]] = {t: [] for t in tools}
         cpu: dict[str, list[float]] = {t: [] for t in tools}
         costs: dict[str, list[float]] = {t: [] for t in tools}
@@ -556,6 +570,7 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
                 else:
                     b = attached_window(tool, server, args.seconds, tmp)
                     a = detached_window(tool, server, args.seconds, tmp)
+                pairs[tool].append((a, b))
                 r = b.ops_per_sec / a.ops_per_sec
                 c = (b.server_cpu / b.ops_per_sec) / (a.server_cpu / a.ops_per_sec)
                 ratios[tool].append(r)
@@ -567,15 +582,24 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
                 own = f"{b.own_cost:.1%}" if b.own_cost is not None else "-"
                 print(f"{i + 1:>4} {tool:<20} {a.ops_per_sec:>14,.0f} {b.ops_per_sec:>12,.0f} {r:>7.3f} "
                       f"{c:>7.3f} {own:>9}", flush=True)  # fmt: skip
-        print()
-        print(f"{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}")
+        readings = [x for ps in pairs.values() for w in ps for x in (*w[0].rt, *w[1].rt) if x == x]
+        low, high = min(readings, default=1.0), max(readings, default=1.0)
+        threshold = math.inf if alike(low, high) else math.sqrt(low * high)
+        print(f"\nplacement: round trips {low:.0f}-{high:.0f} ns; a pair is same-placement when both its "
+              f"windows' probes are below {threshold:.0f} ns (near) or above (far)")  # fmt: skip
+        print(f"{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}"
+              f"  {'same-placement median (n)':>26}")  # fmt: skip
         for tool in tools:
             rs = sorted(ratios[tool])
             q = statistics.quantiles(rs, n=4) if len(rs) >= 2 else [rs[0]] * 3
             med = statistics.median(rs)
             own = f"{statistics.median(costs[tool]):.1%}" if costs[tool] else "-"
+            same = [b.ops_per_sec / a.ops_per_sec for a, b in pairs[tool]
+                    if window_class(a, threshold) == window_class(b, threshold) in ("near", "far")
+                    ]  # fmt: skip
+            sm = f"{statistics.median(same):.3f} ({len(same)})" if same else "- (0)"
             print(f"{tool:<20} {med:>12.3f} {q[0]:>6.3f}-{q[2]:<6.3f} {rs[0]:>6.3f}-{rs[-1]:<6.3f} "
-                  f"{1 - med:>6.1%} {own:>9}")  # fmt: skip
+                  f"{1 - med:>6.1%} {own:>9}  {sm:>26}")  # fmt: skip
         if profiles:
             where_it_goes(profiles)
     finally:
