@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvprof.collect import OFFCPU_SAMPLE
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, fail, number, options
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class ExporterOptions:
     top: int = 20  # functions with series of their own
     max_labels: int = 64  # threads, locks, sites: the rest are `other`
     min_interval: float = 1.0  # scrapes closer than this share one reading of the maps
-    offcpu_sample: int = 64
+    offcpu_sample: int = OFFCPU_SAMPLE
     quiet: bool = False
 
 
