@@ -191,7 +191,7 @@ def recording(pid: int, tmp: str, collectors: str) -> Iterator[int]:
     )  # fmt: skip
     try:
         # before "collecting" it is compiling BPF programs, which would load the machine
-        _wait_for_line(rec, "collecting", timeout=180)
+        _ready_line(rec, "collecting", 180, "kvprof record", stderr=True)
         time.sleep(0.5)
         yield rec.pid
     finally:
@@ -409,11 +409,15 @@ def window_class(w: Window, threshold: float) -> str:
     return "near" if all(near) else "far" if not any(near) else "moved"
 
 
-def _ready_line(proc: subprocess.Popen[str], word: str, timeout: float, what: str) -> None:
-    assert proc.stdout is not None
+def _ready_line(
+    proc: subprocess.Popen[str], word: str, timeout: float, what: str, stderr: bool = False
+) -> None:
+    """Read what `proc` says (stdout, or stderr) until a line holds `word`."""
+    stream = proc.stderr if stderr else proc.stdout
+    assert stream is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = stream.readline()
         if word in line:
             return
         if not line:
@@ -696,18 +700,6 @@ def main() -> int:
             BPF_STATS.write_text(stats_before)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
-
-
-def _wait_for_line(proc: subprocess.Popen[str], word: str, timeout: float) -> None:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if word in line:
-            return
-        if not line:
-            raise SystemExit(f"overhead: kvprof record exited before attaching (exit {proc.wait()})")
-    raise SystemExit(f"overhead: kvprof record did not attach within {timeout:g} s")
 
 
 if __name__ == "__main__":

@@ -604,20 +604,29 @@ def lock_stats(server: Server) -> dict[str, tuple[int, int]]:
     return {n: (int(s[f"{n}:contended"]), int(s[f"{n}:wait_ns"])) for n in names}
 
 
+def contended_waits(
+    server: Server, prefix: str
+) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]], dict[str, Any]]:
+    """Two clients contending for 3 s with LOCK_BPF attached: `stats locks` before and
+    after, and what the probes counted by lock name."""
+    ks = load.keys(prefix, 200)
+    assert load.run(server.host, server.port, [load.set_batches(ks, "x" * 32, 50)]).stored == len(ks)
+    with attached(server, LOCK_BPF, {"lock__wait__start": "on_start", "lock__wait__done": "on_done"}) as att:
+        before = lock_stats(server)
+        totals = load.run_processes(server.host, server.port, 2, prefix, 200, 100, 8, duration=3.0)
+        assert totals.failures == [] and totals.hits == totals.get_keys, totals
+        after = lock_stats(server)
+        table = {cstr(k.name): v for k, v in att.table("waits").items()}
+    return before, after, table
+
+
 @pytest.mark.bpf
 def test_lock_waits_fire_under_contention(kvcached_factory: Callable[..., Server]) -> None:
     """With --lock-sample 1, contended locks fire paired lock__wait__* with stable names,
     wait_ns > 0, weight 1, `stats locks` counts; lock__wait__done fires once the lock is
     released (some events see its word free, which is never so while the thread holds it)."""
     server = kvcached_factory("--preset", "baseline", "-t", "2", "--lock-sample", "1")
-    ks = load.keys("lk-", 200)
-    assert load.run(server.host, server.port, [load.set_batches(ks, "x" * 32, 50)]).stored == len(ks)
-    with attached(server, LOCK_BPF, {"lock__wait__start": "on_start", "lock__wait__done": "on_done"}) as att:
-        before = lock_stats(server)
-        totals = load.run_processes(server.host, server.port, 2, "lk-", 200, 100, 8, duration=3.0)
-        assert totals.failures == [] and totals.hits == totals.get_keys, totals
-        after = lock_stats(server)
-        table = {cstr(k.name): v for k, v in att.table("waits").items()}
+    before, after, table = contended_waits(server, "lk-")
     assert "topkeys" in table, f"no contended topkeys wait seen; saw {sorted(table)}"
     assert set(table) <= set(LOCK_NAMES), table.keys()
     for name, v in table.items():
@@ -640,14 +649,8 @@ def test_lock_wait_done_is_sampled(kvcached_factory: Callable[..., Server]) -> N
     lock__wait__start for all."""
     server = kvcached_factory("--preset", "baseline", "-t", "2")
     assert server.stats("settings")["lock_sample"] == "64"
-    ks = load.keys("ls-", 200)
-    assert load.run(server.host, server.port, [load.set_batches(ks, "x" * 32, 50)]).stored == len(ks)
-    with attached(server, LOCK_BPF, {"lock__wait__start": "on_start", "lock__wait__done": "on_done"}) as att:
-        before = lock_stats(server)
-        totals = load.run_processes(server.host, server.port, 2, "ls-", 200, 100, 8, duration=3.0)
-        assert totals.failures == [] and totals.hits == totals.get_keys, totals
-        after = lock_stats(server)
-        v = {cstr(k.name): v for k, v in att.table("waits").items()}["topkeys"]
+    before, after, table = contended_waits(server, "ls-")
+    v = table["topkeys"]
     delta = after["topkeys"][0] - before["topkeys"][0]
     assert v.starts == delta, (v.starts, delta)
     assert 0 < v.dones < delta, (v.dones, delta)
