@@ -7,7 +7,7 @@ why the spot costs throughput, and what fixes it. `kvprof.analysis.findings`
 joins the catalog with a profile's numbers.
 
 A pattern matches a frame, lock or site name when it equals the name with
-its arguments, offset and kernel marker removed, when it equals the last
+its arguments, offset, kernel and inline markers removed, when it equals the last
 `::`-separated parts of a qualified C++ name (`ObjectRegistry::onCreateItem`
 matches `cb::ObjectRegistry::onCreateItem(Item const&)`), or when it is a
 glob (`*stats*`) that matches the whole name. Entries are tried in order:
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
+
+from kvprof.model.profile import INLINED
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,22 @@ def is_kernel(frame: str) -> bool:
 
 @functools.lru_cache(maxsize=1 << 16)  # top asks again for the same frames every interval
 def normalize(name: str) -> str:
-    """A frame, lock or site name without kernel marker, offset or arguments."""
+    """A frame, lock or site name without kernel or inline marker, offset or arguments."""
     if name.endswith("_[k]"):
         name = name[:-4]
+    name = name.removesuffix(INLINED)
     name = _OFFSET.sub("", name)
     if not name.startswith("("):
         name = _ARGS.sub("", name)
     return name.strip()
+
+
+def label(frame: str) -> str:
+    """A frame as a table shows it: normalized, ` [k]` after a kernel function and
+    ` [inlined]` after an inlined one."""
+    return (
+        normalize(frame) + (" [k]" if is_kernel(frame) else "") + (INLINED if frame.endswith(INLINED) else "")
+    )
 
 
 # Frames that are the lock machinery itself, skipped when naming a call site.

@@ -97,6 +97,7 @@ STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
 PROBE_SAMPLE = 1024  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
+INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
 # What the kernel adds to one uprobe hit beyond the BPF program (the trap and
@@ -112,6 +113,7 @@ class CollectOptions:
     stack_storage: int = STACK_STORAGE
     max_entries: int = MAX_ENTRIES
     offcpu_sample: int = OFFCPU_SAMPLE
+    inline: bool = INLINE_FRAMES  # `name [inlined]` frames from the target's DWARF
     progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)
     # who takes the on-CPU stacks (the session picks the collector, see session.modules):
     backend: str = "bpf"  # "perf": `perf record` instead of BPF, and nothing else

@@ -22,6 +22,7 @@ from typing import ClassVar
 from kvprof.collect import HIST_SLOTS, CollectOptions
 from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr, map_items
 from kvprof.collect.symbols import Symbolizer
+from kvprof.collect.unwind import Unwinder
 from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
 
 COUNTERS = ("events", "map_full", "stack_errors")  # the order of enum locks_counter
@@ -55,7 +56,7 @@ class LocksCollector(KvsCollector):
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
-        self._symbols = Symbolizer(pid)
+        self._symbols = Symbolizer(pid, Unwinder(pid, tables=False), opts.inline)
         self._last = _Snapshot()
         self._names = ThreadNames(pid)
         self._frames: dict[int, list[str]] = {}

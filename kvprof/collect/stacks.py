@@ -16,7 +16,7 @@ class StackCollector(BpfCollector):
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self.unwinder = unwind.Unwinder(pid)
-        self.symbols = Symbolizer(pid, self.unwinder)
+        self.symbols = Symbolizer(pid, self.unwinder, opts.inline)
         self.names = ThreadNames(pid)
         self._ustacks: dict[int, tuple[list[int], str]] = {}  # what was read of `ustacks`
         self._frames: dict[tuple[int, int], tuple[tuple[str, ...], str | None]] = {}  # frames()

@@ -18,7 +18,9 @@ from bcc import BPF
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kvprof.collect.unwind import MARKERS, Unwinder
+from kvprof.collect import inline
+from kvprof.collect.unwind import MARKERS, Mapping, Unwinder
+from kvprof.model.profile import INLINED
 
 # The machinery that runs a BPF program, from the tracepoint, perf event or
 # uprobe that fires it up to the program and the helpers it calls.
@@ -42,10 +44,16 @@ def without_tracing(frames: list[str]) -> list[str]:
 
 
 class Symbolizer:
-    def __init__(self, pid: int, unwinder: Unwinder | None = None) -> None:
+    """Frames of one process's stacks; with `inlines`, each address also gives the
+    functions inlined there (kvprof.collect.inline), `name [inlined]` after its function."""
+
+    def __init__(self, pid: int, unwinder: Unwinder | None = None, inlines: bool = False) -> None:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
+        self.inlines = inlines
         self._user: dict[int, str] = {}
+        self._at: dict[tuple[int, bool], list[str]] = {}  # frames_at()
+        self._dwarf: dict[str, inline.ModuleInlines | None] = {}  # mapped path -> its inline tables
         self._kernel: dict[int, str] = {}
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
         # view reads the same stacks every second, so each is named once.
@@ -67,9 +75,42 @@ class Symbolizer:
             self._user[addr] = frame
         return frame
 
+    def frames_at(self, addr: int, caller: bool) -> list[str]:
+        """The frames of one address, root first: its function, then what was inlined
+        there. `caller`: a return address, whose call is the instruction before it."""
+        key = (addr, caller)
+        frames = self._at.get(key)
+        if frames is None:
+            frames = [self.user(addr)]
+            if self.inlines:
+                frames += [name + INLINED for name in self._inlined(addr - caller)]
+            self._at[key] = frames
+        return frames
+
+    def _inlined(self, addr: int) -> list[str]:
+        m = self._mapping(addr)
+        if m is None or not m.path.startswith("/"):
+            return []
+        if m.path not in self._dwarf:
+            self._dwarf[m.path] = inline.module_inlines(f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}")
+        tables = self._dwarf[m.path]
+        return tables.chain(addr - m.bias) if tables is not None else []
+
+    def _mapping(self, addr: int) -> Mapping | None:
+        if self.unwinder is None:
+            return None
+        m = self.unwinder.mapping(addr)
+        if m is None and not self.unwinder.tables:  # mappings read for names only: read them again
+            try:
+                self.unwinder.prepare()
+            except OSError:  # the target is gone
+                return None
+            m = self.unwinder.mapping(addr)
+        return m
+
     def _resolve(self, addr: int) -> str:
         """`function`, `module+0xoffset` (module-relative), or [unknown]: never a bare address."""
-        m = self.unwinder.mapping(addr) if self.unwinder else None
+        m = self._mapping(addr)
         if m is not None and m.symbols:  # the vdso, read from the target's memory
             pc = addr - m.bias
             i = bisect.bisect_right(m.symbols, (pc, 1 << 64, "")) - 1
@@ -100,11 +141,15 @@ class Symbolizer:
         key = (tuple(ips), reason)
         frames = self._unwound.get(key)
         if frames is None:
-            frames = [self.user(a) for a in reversed(ips)]
+            frames = self._user_stack(ips)
             if reason != "root":
                 frames.insert(0, MARKERS[reason])
             self._unwound[key] = frames
         return list(frames)
+
+    def _user_stack(self, addrs: list[int]) -> list[str]:
+        """Frames, root first, of user addresses leaf first (every one past the leaf a return address)."""
+        return [f for i in range(len(addrs) - 1, -1, -1) for f in self.frames_at(addrs[i], caller=i > 0)]
 
     def kernel(self, addr: int) -> str:
         frame = self._kernel.get(addr)
@@ -123,7 +168,7 @@ class Symbolizer:
         except KeyError:
             return []
         if not kernel:
-            return [self.user(a) for a in reversed(addrs)]
+            return self._user_stack(addrs)
         return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 

@@ -209,12 +209,19 @@ def _trim_cache() -> None:
         victim.unlink(missing_ok=True)
 
 
-def module_table(path: str) -> Table:
-    """The rows of the module at `path`, from the cache when its build-id was seen before."""
+def module_key(path: str) -> str:
+    """What names one build of the module at `path` in caches: its build-id, else
+    its path, size and modification time."""
     key = build_id(path)
     if key is None:
         st = os.stat(path)
         key = hashlib.sha1(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return key
+
+
+def module_table(path: str) -> Table:
+    """The rows of the module at `path`, from the cache when its build-id was seen before."""
+    key = module_key(path)
     cached = CACHE_DIR / f"{key}.rows"
     try:
         data = cached.read_bytes()
@@ -297,8 +304,9 @@ class Unwinder:
     """The unwind tables of one target, pushed into a program's maps, and the
     frames of the stacks that program stored."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, tables: bool = True) -> None:
         self.pid = pid
+        self.tables = tables  # False: the mappings and their load bias only (for naming frames)
         self.mappings: list[Mapping] = []
         self.built: list[tuple[str, int, float]] = []  # (module, rows, seconds) built, not cached
         self.warnings: list[str] = []
@@ -356,6 +364,8 @@ class Unwinder:
                 m.bias = _bias(ELFFile(f), m)
         except (OSError, ELFError) as e:
             m.why = f"not an ELF file we can read ({e.__class__.__name__})"
+            return
+        if not self.tables:
             return
         if m.path not in self._tables:
             try:

@@ -105,6 +105,13 @@ def add_hz(p: argparse.ArgumentParser, default: int = CollectOptions.hz, why: st
                    help=f"on-CPU sampling rate (default: %(default)s{because})")  # fmt: skip
 
 
+def add_inline(p: argparse.ArgumentParser) -> None:
+    """--no-inline: no `name [inlined]` frames (CollectOptions.inline)."""
+    p.add_argument("--no-inline", dest="inline", action="store_false", default=CollectOptions.inline,
+                   help="no `name [inlined]` frames from the target's DWARF (each compile unit "
+                   "sampled is read once: docs/record.md gives the cost)")  # fmt: skip
+
+
 def add_collectors(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collectors", type=collectors, default=(), metavar="A,B", help="subset of collectors")
 

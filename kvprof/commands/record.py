@@ -13,8 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import HZ, MAX_ENTRIES, OFFCPU_SAMPLE, STACK_STORAGE, CollectOptions
-from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, fail, number, options
+from kvprof.collect import HZ, INLINE_FRAMES, MAX_ENTRIES, OFFCPU_SAMPLE, STACK_STORAGE, CollectOptions
+from kvprof.commands import (
+    add_collectors,
+    add_hz,
+    add_inline,
+    add_pid,
+    add_seconds,
+    command,
+    fail,
+    number,
+    options,
+)
 from kvprof.model.profile import Profile
 
 if TYPE_CHECKING:
@@ -58,6 +68,7 @@ def add_parser(commands: Any) -> None:
                    metavar="N", help="off-CPU stacks for a random 1 in N context switches, scaled by N; "
                    "per-thread off-CPU totals stay exact (default: %(default)s; 1 = every switch: "
                    "docs/record.md gives a stack pair's cost)")  # fmt: skip
+    add_inline(p)
     p.add_argument(
         "--backend",
         choices=("bpf", "perf"),
@@ -115,6 +126,7 @@ class RecordOptions:
     stack_storage: int = STACK_STORAGE
     max_entries: int = MAX_ENTRIES
     offcpu_sample: int = OFFCPU_SAMPLE
+    inline: bool = INLINE_FRAMES
     interval: float = 1.0
     quiet: bool = False
     flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)
@@ -162,6 +174,7 @@ def _collect_options(opts: RecordOptions) -> CollectOptions:
         stack_storage=opts.stack_storage,
         max_entries=opts.max_entries,
         offcpu_sample=opts.offcpu_sample,
+        inline=opts.inline,
         progress=None if opts.quiet else lambda line: _progress(f"  {line}", final=True),
         backend=opts.backend,
         python=opts.python,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, number, options
+from kvprof.commands import add_collectors, add_hz, add_inline, add_pid, add_seconds, command, number, options
 
 HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests, flame graph"
 
@@ -44,6 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         p, "-i", "--interval", type=number(float, lo=0.2), default=1.0, help="seconds between refreshes"
     )
     add_collectors(p)
+    add_inline(p)
     p.add_argument(
         "--baseline",
         type=Path,

@@ -16,7 +16,11 @@ socket the thread ran on most); lock-probe stacks that several threads
 waited at carry none. Frames become functions and locations: a py-spy frame
 `name (file.py:12)` is function `name` in `file.py` at line 12; any other
 frame (a symbol, `module+0xoffset`, a kernel frame ending in `_[k]`) is a
-function of that name without a file. One mapping, the target's executable,
+function of that name without a file. A frame inlined into the one before
+it (`name [inlined]`) shares that frame's location, as pprof has it: one
+location per address, its `Line`s the inlined functions innermost first and
+the function they were inlined into last; pprof marks the inlined ones
+itself, so their function names carry no `[inlined]`. One mapping, the target's executable,
 is marked as symbolized: every location already has its function, so pprof
 looks nothing up.
 """
@@ -34,7 +38,7 @@ from kvprof import __version__
 from kvprof.export.pprof_schema import MESSAGES
 from kvprof.export.stacks import TITLES, ExportError, check_kind, stacks, thread_name
 from kvprof.export.written import Options, Written
-from kvprof.model.profile import Profile
+from kvprof.model.profile import INLINED, Profile
 
 ENDING = ".pb.gz"
 
@@ -63,15 +67,31 @@ class _Builder:
 
     strings: dict[str, int] = field(default_factory=lambda: {"": 0})
     functions: dict[tuple[str, str], int] = field(default_factory=dict)
-    locations: dict[tuple[int, int], int] = field(default_factory=dict)
+    # (function id, line) of each Line, innermost first -> location id
+    locations: dict[tuple[tuple[int, int], ...], int] = field(default_factory=dict)
 
     def s(self, text: str) -> int:
         return self.strings.setdefault(text, len(self.strings))
 
-    def location(self, frame: str) -> int:
-        name, filename, line = split_frame(frame)
-        fid = self.functions.setdefault((name, filename), len(self.functions) + 1)
-        return self.locations.setdefault((fid, line), len(self.locations) + 1)
+    def location(self, frames: list[str]) -> int:
+        """The location of one address: its frames root first, the inlined ones last."""
+        lines = []
+        for frame in reversed(frames):
+            name, filename, line = split_frame(frame.removesuffix(INLINED))
+            lines.append((self.functions.setdefault((name, filename), len(self.functions) + 1), line))
+        return self.locations.setdefault(tuple(lines), len(self.locations) + 1)
+
+
+def by_address(frames: tuple[str, ...]) -> list[list[str]]:
+    """A root..leaf stack cut into the frames of each address, leaf first: a frame
+    and the `[inlined]` frames that follow it."""
+    out: list[list[str]] = []
+    for frame in frames:
+        if out and frame.endswith(INLINED):
+            out[-1].append(frame)
+        else:
+            out.append([frame])
+    return out[::-1]
 
 
 def _thread_socket(profile: Profile, tid: int) -> str:
@@ -119,7 +139,7 @@ def pprof_message(profile: Profile, kind: str) -> Any:
     labels: dict[int, list[tuple[int, int]]] = {}
     for (frames, tid), values in _merged(profile, kind).items():
         sample = msg.sample.add()
-        sample.location_id.extend(b.location(f) for f in reversed(frames))  # leaf first
+        sample.location_id.extend(b.location(group) for group in by_address(frames))  # leaf first
         sample.value.extend(values[: len(types)])
         if tid is not None:
             if tid not in labels:
@@ -135,7 +155,7 @@ def pprof_message(profile: Profile, kind: str) -> Any:
     t = profile.target
     # One mapping, the target's executable, marked as symbolized: pprof names the file
     # in its header and looks nothing up.
-    with_lines = any(line for _, line in b.locations)
+    with_lines = any(line for lines in b.locations for _, line in lines)
     msg.mapping.add(
         id=1,
         filename=b.s(t.exe or t.comm),
@@ -143,8 +163,10 @@ def pprof_message(profile: Profile, kind: str) -> Any:
         has_filenames=with_lines,
         has_line_numbers=with_lines,
     )
-    for (fid, line), lid in b.locations.items():
-        msg.location.add(id=lid, mapping_id=1).line.add(function_id=fid, line=line)
+    for lines, lid in b.locations.items():
+        location = msg.location.add(id=lid, mapping_id=1)
+        for fid, line in lines:
+            location.line.add(function_id=fid, line=line)
     backend = profile.status.collectors.get("oncpu" if kind == "cpu" else "offcpu", "")
     note = f"kvprof {__version__}: {t.comm or 'process'} PID {t.pid}, {TITLES[kind]}"
     if backend.startswith("ok (") and backend.endswith(")"):  # another backend than BPF: say which

@@ -7,7 +7,9 @@ One JSON document, gzip'd when the file name ends in `.gz`:
 "server_stats": ..., "findings": [...], "status": ...}`.
 
 Frames are symbol names, root first; a frame without a symbol is
-`module+0xoffset`; kernel frames end in `_[k]` (the folded-stack convention).
+`module+0xoffset`; kernel frames end in `_[k]` (the folded-stack convention);
+a function inlined at the address of the frame before it (DWARF's inline
+chain, outermost first) ends in ` [inlined]`.
 Fields may be added; none may change meaning. A file of another format or
 version is refused with a ProfileError whose message is one readable line.
 """
@@ -24,6 +26,9 @@ from typing import Any
 # on-CPU (and register) samples per second per CPU when none is asked for, off a
 # multiple of common timer rates; the collectors' default (kvprof.collect.HZ)
 HZ = 99
+
+# the suffix of a frame that was inlined into the frame before it (rootward)
+INLINED = " [inlined]"
 
 FORMAT = "kvprof-profile"
 VERSION = 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from kvprof.analysis import rows
 from kvprof.analysis.findings import find, summary
-from kvprof.analysis.hotspots import is_kernel, match_function, match_lock, normalize
+from kvprof.analysis.hotspots import label, match_function, match_lock
 from kvprof.analysis.lines import kind, line_table
 from kvprof.analysis.rows import LockRow, RequestRow, SiteRow, SiteThreadRow, ThreadRow
 from kvprof.analysis.tables import cpu_share, socket_matrix
@@ -475,7 +475,7 @@ def stack_quality(q: float | None) -> str:
 def top_function(row: ThreadRow) -> str:
     """A thread's hottest leaf, its module offset folded, `[k]` for the kernel's."""
     top = row.top_function
-    return normalize(top) + (" [k]" if is_kernel(top) else "") if top else ""
+    return label(top) if top else ""
 
 
 def thread_rows(frame: Frame) -> list[ThreadRow]:

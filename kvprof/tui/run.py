@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvprof.collect import HZ
+from kvprof.collect import HZ, INLINE_FRAMES
 from kvprof.model.profile import Profile, ProfileError
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class TopOptions:
     hz: int = HZ
     interval: float = 1.0
     collectors: tuple[str, ...] = ()
+    inline: bool = INLINE_FRAMES
     output_dir: Path = Path(".")
     baseline: Path | None = None  # the Flame view's diff compares with it
 
@@ -88,7 +89,7 @@ def _main(opts: TopOptions) -> int:
     from kvprof.collect import CollectError
 
     try:
-        source = LiveSource(opts.pid, opts.hz, opts.collectors)
+        source = LiveSource(opts.pid, opts.hz, opts.collectors, opts.inline)
     except CollectError as e:  # before the screen is taken
         return _fail(str(e))
     return _run(source, opts, baseline)
@@ -106,7 +107,7 @@ def _demo(opts: TopOptions, baseline: Profile | None) -> int:
         return _fail(str(e))
     failed: list[str] = []
     done = threading.Event()
-    source = LiveSource(server.pid, opts.hz, opts.collectors)
+    source = LiveSource(server.pid, opts.hz, opts.collectors, opts.inline)
     source.start()
 
     def run_load() -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kvprof.collect import HZ
+from kvprof.collect import HZ, INLINE_FRAMES
 from kvprof.model.profile import Profile
 from kvprof.tui.data import Sample
 
@@ -102,12 +102,14 @@ class LiveSource:
 
     live = True
 
-    def __init__(self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = (), inline: bool = INLINE_FRAMES
+    ) -> None:
         from kvprof.collect import CollectOptions
         from kvprof.system.attach import open_session
 
         # CollectError (the target is gone, not ours...) before the screen is taken
-        self.session: Session = open_session(pid, collectors, CollectOptions(hz=hz, live=True))
+        self.session: Session = open_session(pid, collectors, CollectOptions(hz=hz, inline=inline, live=True))
         target = self.session.target
         self.pid = pid
         self.title = _title(target.comm, pid)

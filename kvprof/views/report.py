@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from kvprof.analysis.findings import find, rank_key, summary
-from kvprof.analysis.hotspots import is_kernel, normalize
+from kvprof.analysis.hotspots import label
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
 from kvprof.analysis.rows import (
@@ -350,7 +350,7 @@ def _functions_section(profile: Profile, top: int) -> list[str]:
         return [*out, "no on-CPU samples"]
     out.append(f"{'self %':>7} {'total %':>8}  function")
     for r in funcs:
-        name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
+        name = label(r.function)
         mark = " *" if r.hotspot else ""
         out.append(f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19))
     if any(r.hotspot for r in funcs):
