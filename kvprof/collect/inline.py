@@ -2,12 +2,15 @@
 compiler inlined there (`DW_TAG_inlined_subroutine`), outermost first, as
 `perf report --inline` and `addr2line -i` show them.
 
-A module's DWARF is read one compile unit at a time, the first time an
-address in that unit is asked about: `.debug_aranges` (else each unit's own
-address ranges) says which unit holds an address, and the unit's inlined
-calls become ranges (low, high, nesting depth, name). The tables of a module
-are kept per build-id for the life of the process, so the collectors of one
-session (and a live view's every refresh) read each unit once.
+A module's DWARF is read only where addresses are asked about:
+`.debug_aranges` (else each compile unit's own ranges) says which unit holds
+an address; the unit's functions with code (`DW_TAG_subprogram` at its top
+level or in a namespace; types and the rest are skipped by their
+`DW_AT_sibling`) say which function; and that function's inlined calls
+become ranges (low, high, nesting depth, name). The tables of a module are
+kept per build-id for the life of the process, so the collectors of one
+session (and a live view's every refresh) read each unit's list of functions
+and each function once.
 
 Names come from the inlined call's abstract origin (`DW_AT_name`, through
 `DW_AT_specification` for C++ members). Range lists by index
@@ -40,24 +43,38 @@ class Call:
     name: str
 
 
+Ranges = list[tuple[int, int, int]]  # (low, high, DIE offset), sorted
+
+
+def _find(ranges: Ranges, pc: int) -> int | None:
+    """The offset of the range that holds pc, if any."""
+    i = bisect.bisect_right(ranges, (pc, 1 << 64, 0)) - 1
+    return ranges[i][2] if i >= 0 and ranges[i][0] <= pc < ranges[i][1] else None
+
+
 @dataclass
 class ModuleInlines:
-    """The inlined calls of one ELF file's DWARF, read per compile unit on demand."""
+    """The inlined calls of one ELF file's DWARF, read per function on demand."""
 
     dwarf: Any  # elftools DWARFInfo
-    units: list[tuple[int, int, int]]  # (low, high, unit offset), sorted
-    calls: dict[int, list[Call]] = field(default_factory=dict)  # unit offset -> its calls
+    units: Ranges  # the compile units' code
+    functions: dict[int, Ranges] = field(default_factory=dict)  # unit offset -> its functions' code
+    calls: dict[int, list[Call]] = field(default_factory=dict)  # function DIE offset -> its inlined calls
 
     def chain(self, pc: int) -> list[str]:
         """The functions inlined at module-relative `pc`, outermost first; [] for none."""
-        i = bisect.bisect_right(self.units, (pc, 1 << 64, 0)) - 1
-        if i < 0 or not self.units[i][0] <= pc < self.units[i][1]:
+        unit = _find(self.units, pc)
+        if unit is None:
             return []
-        offset = self.units[i][2]
-        calls = self.calls.get(offset)
-        if calls is None:
-            calls = self.calls[offset] = _unit_calls(self.dwarf, offset)
-        return [c.name for c in sorted((c for c in calls if c.low <= pc < c.high), key=lambda c: c.depth)]
+        if unit not in self.functions:
+            self.functions[unit] = _read(_functions, self.dwarf, unit, [])
+        function = _find(self.functions[unit], pc)
+        if function is None:
+            return []
+        if function not in self.calls:
+            self.calls[function] = _read(_calls, self.dwarf, function, [])
+        calls = (c for c in self.calls[function] if c.low <= pc < c.high)
+        return [c.name for c in sorted(calls, key=lambda c: c.depth)]
 
 
 _MODULES: dict[str, ModuleInlines | None] = {}  # build-id (or path, size, mtime) -> its calls
@@ -90,7 +107,7 @@ def _open(path: str) -> ModuleInlines | None:
         return None
 
 
-def _units(dwarf: Any) -> list[tuple[int, int, int]]:
+def _units(dwarf: Any) -> Ranges:
     """(low, high, unit offset) of every compile unit's code, from .debug_aranges
     when the file has it (cheap), else from each unit's top DIE."""
     aranges = dwarf.get_aranges()
@@ -103,15 +120,33 @@ def _units(dwarf: Any) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def _unit_calls(dwarf: Any, offset: int) -> list[Call]:
+def _read(how: Any, dwarf: Any, offset: int, empty: Any) -> Any:
+    """how(dwarf, offset), or `empty` where pyelftools cannot read the DWARF: no inline frames there."""
     try:
-        cu = dwarf.get_CU_at(offset)
-        top = cu.get_top_DIE()
-        out: list[Call] = []
-        _walk(dwarf, top, 0, _low_pc(top), out)
-        return out
-    except (ELFError, DWARFError, KeyError, ValueError):  # a unit pyelftools cannot read: no inline frames
-        return []
+        return how(dwarf, offset)
+    except (ELFError, DWARFError, KeyError, ValueError, NotImplementedError):
+        return empty
+
+
+def _functions(dwarf: Any, unit: int) -> Ranges:
+    """The code of each function of the compile unit at `unit`."""
+    top = dwarf.get_CU_at(unit).get_top_DIE()
+    base, out, scopes = _low_pc(top), [], [top]
+    while scopes:
+        for child in scopes.pop().iter_children():
+            if child.tag == "DW_TAG_subprogram":
+                out += [(lo, hi, child.offset) for lo, hi in _ranges(dwarf, child, base)]
+            elif child.tag == "DW_TAG_namespace":
+                scopes.append(child)
+    return sorted(out)
+
+
+def _calls(dwarf: Any, function: int) -> list[Call]:
+    """The inlined calls in the function whose DIE is at `function`."""
+    die = dwarf.get_DIE_from_refaddr(function)
+    out: list[Call] = []
+    _walk(dwarf, die, 0, _low_pc(die.cu.get_top_DIE()), out)
+    return out
 
 
 def _walk(dwarf: Any, die: Any, depth: int, base: int, out: list[Call]) -> None:
