@@ -3,7 +3,9 @@ agree with binutils' addr2line on every third address of real binaries, and a
 hot function inlined at -O2 into its caller shows as `name [inlined]` in a
 recording of a real program: in `report`, the folded, SVG and speedscope
 exports, pprof (one location, inlined function first, as `go tool pprof`
-reads it) and `top`'s stacks view; `--no-inline` leaves it out.
+reads it) and `top`'s stacks view; `--no-inline` leaves it out. kvcached's
+lock call-site stacks expand too, and still name the caller past the lock
+plumbing.
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import KVPROF, bpf_unavailable, drive, kvprof, record, stop_contend, top_app, until
+from support import KVPROF, bpf_unavailable, drive, kvload, kvprof, record, stop_contend, top_app, until
 
+from kvprof.analysis.hotspots import call_site
 from kvprof.collect.inline import module_inlines
 from kvprof.export.pprof import pprof_message
 from kvprof.model.profile import Profile
-from kvprof.system.servers import die_with_parent, kvcached_binary
+from kvprof.system.servers import Server, die_with_parent, kvcached_binary
 
 PROGRAM = Path(__file__).parent / "programs" / "inline_hot.c"
 GO = shutil.which("go")
@@ -216,6 +219,22 @@ def test_top_stacks_view_and_no_inline(running: int, tmp_path: Path) -> None:
     plain = recorded(running, tmp_path / "plain.json.gz", "--no-inline")
     assert not any(f.endswith("[inlined]") for s in plain.oncpu for f in s.frames)
     assert max(leaves(plain).items(), key=lambda kv: kv[1])[0][-1] == "hash_round", leaves(plain)
+
+
+@pytest.mark.bpf
+def test_lock_call_sites_expand_and_keep_their_caller(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """kvcached's lock-probe stacks (frame pointers, from the probe in kv_lock_report)
+    carry the inlined kv_unlock; the call site named is still update_topkeys, past it."""
+    server = kvcached_factory("--preset", "baseline", "-t", "2", "--lock-sample", "1")
+    with kvload(server, 30):  # stopped when the recording is done
+        profile = recorded(server.pid, tmp_path / "p.json.gz", "--collectors", "locks")
+    topkeys = next((lk for lk in profile.locks if lk.name == "topkeys"), None)
+    assert topkeys is not None and topkeys.stacks, [lk.name for lk in profile.locks]
+    frames = max(topkeys.stacks, key=lambda s: s.waits).frames
+    assert "kv_unlock [inlined]" in frames, frames
+    assert call_site(frames) == "update_topkeys", frames
 
 
 def test_no_inline_is_a_flag_of_record_and_top() -> None:
