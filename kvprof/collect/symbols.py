@@ -18,7 +18,7 @@ from bcc import BPF
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kvprof.collect import inline
+from kvprof.collect import INLINE_FRAMES, inline
 from kvprof.collect.unwind import MARKERS, Mapping, Unwinder
 from kvprof.model.profile import INLINED
 
@@ -47,7 +47,7 @@ class Symbolizer:
     """Frames of one process's stacks; with `inlines`, each address also gives the
     functions inlined there (kvprof.collect.inline), `name [inlined]` after its function."""
 
-    def __init__(self, pid: int, unwinder: Unwinder | None = None, inlines: bool = False) -> None:
+    def __init__(self, pid: int, unwinder: Unwinder | None = None, inlines: bool = INLINE_FRAMES) -> None:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self.inlines = inlines

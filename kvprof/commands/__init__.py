@@ -108,7 +108,7 @@ def add_hz(p: argparse.ArgumentParser, default: int = CollectOptions.hz, why: st
 def add_inline(p: argparse.ArgumentParser) -> None:
     """--no-inline: no `name [inlined]` frames (CollectOptions.inline)."""
     p.add_argument("--no-inline", dest="inline", action="store_false", default=CollectOptions.inline,
-                   help="no `name [inlined]` frames from the target's DWARF (each compile unit "
+                   help="no `name [inlined]` frames from the target's DWARF (each function "
                    "sampled is read once: docs/record.md gives the cost)")  # fmt: skip
 
 
