@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import bisect
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from elftools.common.exceptions import DWARFError, ELFError
 from elftools.dwarf.ranges import BaseAddressEntry
 from elftools.elf.elffile import ELFFile
 
 from kvprof.collect.unwind import module_key
 
+T = TypeVar("T")
 _NAME_HOPS = 4  # abstract origin -> specification -> ... before giving up on a name
 
 
@@ -103,7 +104,7 @@ def _open(path: str) -> ModuleInlines | None:
             return None
         dwarf = elf.get_dwarf_info()
         return ModuleInlines(dwarf, _units(dwarf))
-    except (OSError, ValueError, ELFError, DWARFError):
+    except Exception:  # unreadable, not ELF, or DWARF that pyelftools' parser rejects: no inline frames
         return None
 
 
@@ -120,11 +121,11 @@ def _units(dwarf: Any) -> Ranges:
     return sorted(out)
 
 
-def _read(how: Any, dwarf: Any, offset: int, empty: Any) -> Any:
+def _read(how: Callable[[Any, int], T], dwarf: Any, offset: int, empty: T) -> T:
     """how(dwarf, offset), or `empty` where pyelftools cannot read the DWARF: no inline frames there."""
     try:
         return how(dwarf, offset)
-    except (ELFError, DWARFError, KeyError, ValueError, NotImplementedError):
+    except Exception:  # a foreign binary's DWARF that pyelftools' parser rejects, in any of its ways
         return empty
 
 
