@@ -171,9 +171,11 @@ class LiveSource:
     def _attach(self) -> None:
         from kvprof.collect import CollectError
         from kvprof.collect.session import TargetGone
+        from kvprof.system.attach import yield_cpu
 
         try:
             self.session.start(on_state=self._on_state)
+            yield_cpu()
         except TargetGone:
             pass  # poll() sees it gone and says so
         except CollectError:
