@@ -110,6 +110,18 @@ def reaped(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
             proc.wait()
 
 
+def thread_nices(pid: int) -> dict[int, int]:
+    """tid -> nice of every thread of `pid` (/proc/PID/task/TID/stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = int(fields[16])
+    return out
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.05) -> bool:
     """Poll `predicate` until true or `timeout` seconds passed; its last value."""
     deadline = time.monotonic() + timeout

@@ -284,11 +284,6 @@ def percpu_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
     return {name: int(table.sum(table.Key(i)).value) for i, name in enumerate(names)}
 
 
-def array_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
-    """A BPF_ARRAY of u64 counters, by name."""
-    return {name: int(table[table.Key(i)].value) for i, name in enumerate(names)}
-
-
 def cstr(raw: Any) -> str:
     """A fixed-size C char array of a map key, as text."""
     return _text(bytes(raw))

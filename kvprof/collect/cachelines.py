@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, map_items
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, map_items, percpu_counters
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
@@ -153,7 +153,7 @@ class CachelinesCollector(KvsCollector):
         for k, n in map_items(self.table("matrix")):
             cell = snap.matrix.setdefault((self.site(k.site), k.line), {})
             cell[(k.__getattribute__("from"), k.to)] = n
-        snap.counters = array_counters(self.table("counters"), COUNTERS)
+        snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
 
     def contribute(self, profile: Profile) -> None:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from kvprof import REPO
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, array_counters, map_items
+from kvprof.collect.bpf import KvsCollector, map_items, percpu_counters
 from kvprof.collect.cdefs import x_macro
 from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
@@ -53,7 +53,7 @@ class RequestsCollector(KvsCollector):
         snap = _Snapshot()
         for k, n in map_items(self.table("hist")):
             snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n
-        snap.counters = array_counters(self.table("counters"), COUNTERS)
+        snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
 
     def contribute(self, profile: Profile) -> None:

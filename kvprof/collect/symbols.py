@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from bcc import BPF
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from kvprof.collect import INLINE_FRAMES, inline
+from kvprof.collect.elf import STT_OBJECT, ElfFile, ProbesError
 from kvprof.collect.unwind import MARKERS, Mapping, Unwinder
 from kvprof.model.profile import INLINED
 
@@ -212,19 +211,18 @@ class DataNames:
 
 def object_symbols(path: str) -> list[tuple[int, int, str]]:
     """(start, end, name) of the data objects in an ELF file's symbol tables, sorted."""
-    out = set()
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for section in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
-                if section is None:
-                    continue
-                for sym in section.iter_symbols():
-                    if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_size"] and sym.name:
-                        out.add((sym["st_value"], sym["st_value"] + sym["st_size"], sym.name))
-    except (OSError, ELFError):
-        pass
-    return sorted(out)
+        elf = ElfFile(path)
+    except ProbesError:
+        return []
+    return sorted(
+        {
+            (value, value + size, name)
+            for table in (".symtab", ".dynsym")
+            for value, size, name, _ in elf.symbols(table, (STT_OBJECT,))
+            if size
+        }
+    )
 
 
 def region_of(pid: int, addr: int) -> str:
