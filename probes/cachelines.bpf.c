@@ -133,10 +133,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
         mk.from = from;
         mk.to = to;
         u64 nil = 0;
-        u64 *m = cachelines_matrix.lookup_or_try_init(&mk, &nil);
-        if (m)
-            __sync_fetch_and_add(m, 1);
-        else
+        if (!kv_add(cachelines_matrix.lookup_or_try_init(&mk, &nil), 1))
             cachelines_count(CACHELINES_MAP_FULL);
     }
 
@@ -146,10 +143,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
     hk.slot = kv_log2_slot(cycles);
     hk.tid = (u32)pid_tgid;
     u64 nil2 = 0;
-    u64 *h = cachelines_hist.lookup_or_try_init(&hk, &nil2);
-    if (h)
-        *h += 1;
-    else
+    if (!kv_add_percpu(cachelines_hist.lookup_or_try_init(&hk, &nil2), 1))  // keyed by thread
         cachelines_count(CACHELINES_MAP_FULL);
     return 0;
 }

@@ -84,10 +84,7 @@ int locks_on_wait_done(struct pt_regs *ctx)
     __builtin_memcpy(hk.name, k.name, sizeof(hk.name));
     hk.slot = kv_log2_slot(ns);
     u64 one = 0;
-    u64 *h = locks_hist.lookup_or_try_init(&hk, &one);
-    if (h)
-        __sync_fetch_and_add(h, weight);
-    else
+    if (!kv_add(locks_hist.lookup_or_try_init(&hk, &one), weight))
         locks_count(LOCKS_MAP_FULL);
     return 0;
 }

@@ -34,11 +34,7 @@ int requests_on_done(struct pt_regs *ctx)
     k.opcode = opcode >= 0 && opcode < REQUESTS_OPCODES ? opcode : REQUESTS_OPCODES - 1;
     k.slot = kv_log2_slot(ns);
     u64 zero = 0;
-    u64 *h = requests_hist.lookup_or_try_init(&k, &zero);
-    if (!h) {
+    if (!kv_add(requests_hist.lookup_or_try_init(&k, &zero), 1))
         kv_add_percpu(requests_counters.lookup(KV_IDX(REQUESTS_MAP_FULL)), 1);
-        return 0;
-    }
-    __sync_fetch_and_add(h, 1);
     return 0;
 }

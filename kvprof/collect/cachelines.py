@@ -105,13 +105,13 @@ def socket_count(topology: Topology) -> int:
 
 class CachelinesCollector(KvsCollector):
     name = "cachelines"
+    empty = _Snapshot
     probes: ClassVar[dict[str, str]] = {"atomic__sample": "cachelines_on_sample"}
     instead = "shared-counter cache-line transfers need the server's own atomic__sample probe"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self.sockets = socket_count(opts.topology)
-        self._last = _Snapshot()
         self._names = ThreadNames(pid)
         self._sites: dict[int, str] = {}  # address of a site's name in the target -> the name
 

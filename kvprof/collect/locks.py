@@ -51,13 +51,13 @@ class _Snapshot:
 
 class LocksCollector(KvsCollector):
     name = "locks"
+    empty = _Snapshot
     probes: ClassVar[dict[str, str]] = {"lock__wait__done": "locks_on_wait_done"}
     instead = "lock waits come from the futex collector"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._symbols = Symbolizer(pid, Unwinder(pid, tables=False), opts.inline)
-        self._last = _Snapshot()
         self._names = ThreadNames(pid)
         self._frames: dict[int, list[str]] = {}
 

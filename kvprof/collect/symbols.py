@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from bcc import BPF
 
@@ -28,6 +29,22 @@ TRACING_FRAMES = (
     "trace_call_bpf", "perf_syscall_enter", "perf_syscall_exit", "bpf_overflow_handler", "__uprobe_perf_func",
     "uprobe_perf_func", "uretprobe_perf_func",
 )  # fmt: skip
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(dict[K, V], Generic[K, V]):
+    """A dict that fills itself: memo[key] is make(key), made the first time it is asked for."""
+
+    def __init__(self, make: Callable[[K], V]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key: K) -> V:
+        value = self[key] = self.make(key)
+        return value
 
 
 def without_tracing(frames: list[str]) -> list[str]:
@@ -50,13 +67,13 @@ class Symbolizer:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self.inlines = inlines
-        self._user: dict[int, str] = {}
-        self._at: dict[tuple[int, bool], list[str]] = {}  # frames_at()
+        self._user = Memo(self._resolve)
+        self._at = Memo(self._frames_at)
         self._dwarf: dict[str, inline.ModuleInlines | None] = {}  # mapped path -> its inline tables
-        self._kernel: dict[int, str] = {}
+        self._kernel = Memo(_kernel_frame)
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
         # view reads the same stacks every second, so each is named once.
-        self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
+        self._unwound = Memo(self._unwind)
 
     def warm(self) -> None:
         """Read the target's memory map now, while it runs: BCC loads each
@@ -68,22 +85,18 @@ class Symbolizer:
             pass
 
     def user(self, addr: int) -> str:
-        frame = self._user.get(addr)
-        if frame is None:
-            frame = self._resolve(addr)
-            self._user[addr] = frame
-        return frame
+        return self._user[addr]
 
     def frames_at(self, addr: int, caller: bool) -> list[str]:
         """The frames of one address, root first: its function, then what was inlined
         there. `caller`: a return address, whose call is the instruction before it."""
-        key = (addr, caller)
-        frames = self._at.get(key)
-        if frames is None:
-            frames = [self.user(addr)]
-            if self.inlines:
-                frames += [name + INLINED for name in self._inlined(addr - caller)]
-            self._at[key] = frames
+        return self._at[(addr, caller)]
+
+    def _frames_at(self, key: tuple[int, bool]) -> list[str]:
+        addr, caller = key
+        frames = [self.user(addr)]
+        if self.inlines:
+            frames += [name + INLINED for name in self._inlined(addr - caller)]
         return frames
 
     def _inlined(self, addr: int) -> list[str]:
@@ -137,26 +150,21 @@ class Symbolizer:
         a walk that stopped before the root starts with its marker."""
         if reason == "outside known code" and self.unwinder and self.unwinder.did_not_fit(ips[-1]):
             reason = "table full"  # known code whose pages did not fit: [truncated]
-        key = (tuple(ips), reason)
-        frames = self._unwound.get(key)
-        if frames is None:
-            frames = self._user_stack(ips)
-            if reason != "root":
-                frames.insert(0, MARKERS[reason])
-            self._unwound[key] = frames
-        return list(frames)
+        return list(self._unwound[(tuple(ips), reason)])
+
+    def _unwind(self, key: tuple[tuple[int, ...], str]) -> list[str]:
+        ips, reason = key
+        frames = self._user_stack(list(ips))
+        if reason != "root":
+            frames.insert(0, MARKERS[reason])
+        return frames
 
     def _user_stack(self, addrs: list[int]) -> list[str]:
         """Frames, root first, of user addresses leaf first (every one past the leaf a return address)."""
         return [f for i in range(len(addrs) - 1, -1, -1) for f in self.frames_at(addrs[i], caller=i > 0)]
 
     def kernel(self, addr: int) -> str:
-        frame = self._kernel.get(addr)
-        if frame is None:
-            name = BPF.ksym(addr)
-            frame = (f"0x{addr:x}" if name in (b"[unknown]", b"") else name.decode(errors="replace")) + "_[k]"
-            self._kernel[addr] = frame
-        return frame
+        return self._kernel[addr]
 
     def stack(self, table: Any, stack_id: int, kernel: bool = False) -> list[str]:
         """Frames of a stack id from a BPF_STACK_TRACE table, root first; [] for a failed id."""
@@ -171,6 +179,11 @@ class Symbolizer:
         return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 
+def _kernel_frame(addr: int) -> str:
+    name = BPF.ksym(addr)
+    return (f"0x{addr:x}" if name in (b"[unknown]", b"") else name.decode(errors="replace")) + "_[k]"
+
+
 class DataNames:
     """Names of data addresses of one process (futex words): the object symbol
     that contains it (`.symtab`, `.dynsym`: `stats_lock`, `server+0x8`), else
@@ -180,7 +193,7 @@ class DataNames:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give each module's load bias
         self._objects: dict[str, list[tuple[int, int, str]]] = {}
-        self._names: dict[int, str] = {}
+        self._names = Memo(self._resolve)
 
     def _symbols(self, path: str, source: str) -> list[tuple[int, int, str]]:
         if path not in self._objects:
@@ -188,11 +201,7 @@ class DataNames:
         return self._objects[path]
 
     def name(self, addr: int) -> str:
-        found = self._names.get(addr)
-        if found is None:
-            found = self._resolve(addr)
-            self._names[addr] = found
-        return found
+        return self._names[addr]
 
     def _resolve(self, addr: int) -> str:
         seen = set()
