@@ -22,7 +22,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 from bcc.libbcc import lib
 from bcc.utils import get_online_cpus
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, follow
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
 from kvprof.model.profile import Profile
@@ -85,11 +85,11 @@ class Module:
         self.pid = pid
         self.names = [p.name for p in programs]
         self.shared: dict[str, Any] = {}
-        flags = list(opts.cflags(pid))
+        flags = list(opts.cflags(pid)) + follow.cflags(opts)
         for p in programs:
             flags += [f for f in p.cflags if f not in flags]
-        try:
-            self.bpf: Any = compile_kept("\n".join(p.text for p in programs), flags)
+        try:  # follow.h first: what the target's processes do, and which ones to follow
+            self.bpf: Any = compile_kept("\n".join([follow.text()] + [p.text for p in programs]), flags)
         except CollectError as e:
             raise CollectError(f"cannot compile {' + '.join(self.names)}: {e}") from None
 

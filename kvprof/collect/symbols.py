@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from bcc import BPF
 
 from kvprof.collect.elf import STT_OBJECT, ElfFile, ProbesError
+from kvprof.collect.gosym import GoSymbols
 from kvprof.collect.unwind import MARKERS, Unwinder
 
 # The machinery that runs a BPF program, from the tracepoint, perf event or
@@ -63,6 +64,7 @@ class Symbolizer:
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._user = Memo(self._resolve)
         self._kernel = Memo(_kernel_frame)
+        self._go = GoSymbols()  # a Go binary without .symtab: its .gopclntab
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
         # view reads the same stacks every second, so each is named once.
         self._unwound = Memo(self._unwind)
@@ -99,7 +101,7 @@ class Symbolizer:
         if name:
             return str(name.decode(errors="replace"))
         if m is not None:
-            return f"{m.name}+0x{addr - m.bias:x}"
+            return self._go.name(self.pid, m, addr - m.bias) or f"{m.name}+0x{addr - m.bias:x}"
         if module:
             return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
         return "[unknown]"
