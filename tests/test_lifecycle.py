@@ -6,15 +6,32 @@ raised semaphore behind, and its profile says what happened."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import KVPROF, assert_no_uprobes, pid_semaphores, reaped, record, record_args, wait_until
+from support import (
+    KVPROF,
+    assert_no_uprobes,
+    pid_semaphores,
+    reaped,
+    record,
+    record_args,
+    show_view,
+    top_app,
+    until,
+    wait_until,
+)
+from textual.widgets import DataTable
 
 from kvprof import REPO
+from kvprof.analysis.tables import THREAD_ROWS
 from kvprof.model.profile import Profile
+from kvprof.tui.sources import LiveSource
+from kvprof.tui.widgets import Line
 
 pytestmark = pytest.mark.bpf
 
@@ -170,7 +187,7 @@ def test_exec_ends_the_recording(lifecycle: Callable[..., subprocess.Popen[str]]
             if "collecting" in line:
                 break
         assert wait_until(lambda: Path(f"/proc/{proc.pid}/task").exists(), 1)
-        subprocess.run(["sleep", "1"], check=True)  # a second of samples before the exec
+        subprocess.run(["sleep", "2"], check=True)  # samples before the exec
         proc.stdin.write("exec\n")
         proc.stdin.flush()
         rest = rec.stderr.read()
@@ -184,3 +201,31 @@ def test_exec_ends_the_recording(lifecycle: Callable[..., subprocess.Popen[str]]
     assert_no_uprobes()
     assert wait_until(lambda: "spin" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 5)
     assert not any(pid_semaphores(proc.pid).values())
+
+
+def test_top_on_thousand_threads(lifecycle: Callable[..., subprocess.Popen[str]]) -> None:
+    """`kvprof top` on 1,000 threads keeps refreshing, and its Threads view shows the busiest
+    THREAD_ROWS with the rest summed in its head line; q detaches everything."""
+
+    proc = lifecycle("threads", "1000", "120")
+    source = LiveSource(proc.pid)
+    app = top_app(source)
+    seen: dict[str, object] = {}
+
+    async def go() -> None:
+        async with app.run_test(size=(132, 40)) as pilot:
+            assert await until(pilot, lambda: app.frames > 0, 120)
+            await show_view(pilot, "5", "threads")
+            head = app.query_one("#threads-head", Line)
+            assert await until(pilot, lambda: "more threads" in str(head.render()), 120)
+            drawn = app.frames
+            assert await until(pilot, lambda: app.frames >= drawn + 2, 10)  # still refreshing
+            seen["rows"] = app.query_one("#threads-table", DataTable).row_count
+            await pilot.press("q")
+
+    asyncio.run(go())
+    app.wait_closed()
+    while source.attaching():
+        time.sleep(0.1)
+    assert seen["rows"] == THREAD_ROWS
+    assert_no_uprobes()

@@ -19,12 +19,18 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvprof.collect.elf import ElfFile, ProbesError
 
-if TYPE_CHECKING:
-    from kvprof.collect.unwind import Mapping
+
+class Mapping(Protocol):
+    """What is read of a mapping (kvprof.collect.unwind.Mapping; unwind imports this module)."""
+
+    start: int
+    end: int
+    path: str
+
 
 EM_X86_64 = 62
 GO_MAGICS = (0xFFFFFFF0, 0xFFFFFFF1)  # Go 1.18-1.19, Go 1.20 and later

@@ -110,7 +110,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         "collectors": collector_states(profile),
         "partial": profile.status.partial,
         "warnings": warnings_of(profile),
-        "notes": list(profile.status.notes),
+        # what the target was and did (Go, forks, execs, threads), when there is something to say
+        **({"notes": list(profile.status.notes)} if profile.status.notes else {}),
         "sample_rates": dict(profile.status.sample_rates),
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
         "tables": {

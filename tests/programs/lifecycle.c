@@ -196,9 +196,9 @@ static void run_spin(double deadline, int before_exec)
 {
     while (!atomic_load(&stop) && !atomic_load(&exec_now) && now() < deadline) {
         if (before_exec)
-            spin_before_exec(20000);
+            spin_before_exec(200000);
         else
-            spin_after_exec(20000);
+            spin_after_exec(200000);
         nap_ms(1);
     }
 }
