@@ -81,15 +81,19 @@ class Module:
     unwind tables in probes/unwind.h). cleanup() detaches what BCC attached
     itself (tracepoint programs) and frees programs and maps; idempotent."""
 
-    def __init__(self, pid: int, programs: list[Program], opts: CollectOptions) -> None:
+    def __init__(self, pid: int, programs: list[Program], opts: CollectOptions, events: bool = False) -> None:
+        """`events`: also what the target's processes do (probes/follow.h, which every
+        module has when opts.follow_forks: it keeps the followed processes)."""
         self.pid = pid
         self.names = [p.name for p in programs]
         self.shared: dict[str, Any] = {}
         flags = list(opts.cflags(pid)) + follow.cflags(opts)
         for p in programs:
             flags += [f for f in p.cflags if f not in flags]
-        try:  # follow.h first: what the target's processes do, and which ones to follow
-            self.bpf: Any = compile_kept("\n".join([follow.text()] + [p.text for p in programs]), flags)
+        self.events = events or opts.follow_forks
+        texts = ([follow.text()] if self.events else []) + [p.text for p in programs]
+        try:  # follow.h first: its kv_followed() is what common.h's kv_is_target() calls
+            self.bpf: Any = compile_kept("\n".join(texts), flags)
         except CollectError as e:
             raise CollectError(f"cannot compile {' + '.join(self.names)}: {e}") from None
 

@@ -287,7 +287,7 @@ class Session:
 
         if self._closed:
             return []
-        module = Module(self.pid, programs, self.opts)
+        module = Module(self.pid, programs, self.opts, events=not self._modules)
         self._modules.append(module)
         return [(module, collectors)]
 
@@ -424,7 +424,7 @@ class Session:
         if events is not None:
             profile.status.notes += follow.notes(events, self._events[0], self.opts.follow_forks)
 
-    def _stop_reason(self) -> str | None:
+    def stop_reason(self) -> str | None:
         """Why run() must stop now: the target exited or exec'd another program."""
         if not alive(self.pid):
             return f"the target (PID {self.pid}) exited after {self.elapsed():.1f} s"
@@ -450,7 +450,7 @@ class Session:
             wake = now + interval if deadline is None else min(now + interval, deadline)
             while time.monotonic() < wake:
                 time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
-                reason = self._stop_reason()
+                reason = self.stop_reason()
                 if reason is not None:
                     self.status.partial = True
                     self.status.reason = reason
