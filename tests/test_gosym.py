@@ -40,7 +40,7 @@ def go_binary(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 def test_pclntab_names(go_binary: Path) -> None:
     """.gopclntab gives the Go names; where .symtab is there too, both agree on main's functions."""
     elf = ElfFile(go_binary)
-    tab = read_pclntab(elf)
+    tab = read_pclntab(str(go_binary))
     assert tab is not None
     names = {f.start: f.name for f in tab.funcs}
     assert "main.hotSpin" in names.values() and "sync.(*Mutex).lockSlow" in names.values()

@@ -17,11 +17,13 @@ offset of its name in the function-name table.
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvprof.collect.elf import ElfFile, ProbesError
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 
 class Mapping(Protocol):
@@ -32,7 +34,6 @@ class Mapping(Protocol):
     path: str
 
 
-EM_X86_64 = 62
 GO_MAGICS = (0xFFFFFFF0, 0xFFFFFFF1)  # Go 1.18-1.19, Go 1.20 and later
 GO_NOTE = (
     "a Go program: goroutines are multiplexed over the OS threads shown, so a thread's samples "
@@ -40,9 +41,27 @@ GO_NOTE = (
 )
 
 
-def is_go(elf: ElfFile) -> bool:
-    """Whether the file was built by Go's linker."""
-    return elf.section(".go.buildinfo") is not None or elf.section(".gopclntab") is not None
+def _go_sections(path: str) -> tuple[bytes, int, bool] | None:
+    """(.gopclntab's bytes, .text's address, whether x86-64) of an ELF file built by Go's
+    linker; None for any other file. Only the section headers and that section are read."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            tab, text = elf.get_section_by_name(".gopclntab"), elf.get_section_by_name(".text")
+            if tab is None or text is None:
+                return None
+            return tab.data(), int(text["sh_addr"]), elf["e_machine"] == "EM_X86_64"
+    except (OSError, ELFError):
+        return None
+
+
+def is_go(path: str) -> bool:
+    """Whether the ELF file at `path` was built by Go's linker (it has a .gopclntab)."""
+    try:
+        with open(path, "rb") as f:
+            return ELFFile(f).get_section_by_name(".gopclntab") is not None
+    except (OSError, ELFError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -63,19 +82,16 @@ class Pclntab:
 
 def target_is_go(pid: int) -> bool:
     """Whether the process runs a Go program."""
-    try:
-        return is_go(ElfFile(f"/proc/{pid}/exe"))
-    except ProbesError:
-        return False
+    return is_go(f"/proc/{pid}/exe")
 
 
-def read_pclntab(elf: ElfFile) -> Pclntab | None:
-    """The functions of `elf`'s .gopclntab; None when it has none or a layout older than Go 1.18."""
-    sec = elf.section(".gopclntab")
-    text = elf.section(".text")
-    if sec is None or text is None:
+def read_pclntab(path: str) -> Pclntab | None:
+    """The functions of the .gopclntab of the ELF file at `path`; None when it has none,
+    or a layout older than Go 1.18."""
+    found = _go_sections(path)
+    if found is None:
         return None
-    data = elf.data[sec.offset : sec.offset + sec.size]
+    data, start, _ = found
     if len(data) < 8 or struct.unpack_from("<I", data)[0] not in GO_MAGICS or data[7] not in (4, 8):
         return None
     ptr = data[7]
@@ -83,7 +99,16 @@ def read_pclntab(elf: ElfFile) -> Pclntab | None:
     nfunc, _, _, nametab, _, _, pctab, functab = (
         struct.unpack_from(word, data, 8 + i * ptr)[0] for i in range(8)
     )
-    start = text.addr  # what debug/gosym uses too: the header's copy may be unrelocated
+    # start: .text's address, as debug/gosym takes it too: the header's copy may be unrelocated
+    try:
+        return _functions(data, start, ptr, nfunc, nametab, pctab, functab)
+    except (struct.error, ValueError):  # a truncated or foreign table
+        return None
+
+
+def _functions(
+    data: bytes, start: int, ptr: int, nfunc: int, nametab: int, pctab: int, functab: int
+) -> Pclntab:
     pairs = struct.unpack_from(f"<{2 * nfunc + 1}I", data, functab)
     funcs = []
     for i in range(nfunc):
@@ -127,11 +152,12 @@ def sp_deltas(tab: Pclntab, fn: GoFunc) -> list[tuple[int, int]]:
 GO_ROOTS = frozenset({"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.morestack"})
 
 
-def unwind_frames(elf: ElfFile) -> list[tuple[int, int | None]]:
+def unwind_frames(path: str) -> list[tuple[int, int | None]]:
     """(pc, CFA offset from rsp, None at a stack's root) from there on, for every
     function of a Go binary, sorted: what .debug_frame would say, from the pc tables
     the runtime unwinds with (kept by -ldflags=-s); [] for any other file."""
-    tab = read_pclntab(elf) if elf.machine == EM_X86_64 else None
+    found = _go_sections(path)
+    tab = read_pclntab(path) if found is not None and found[2] else None
     if tab is None:
         return []
     out: list[tuple[int, int | None]] = []
@@ -155,12 +181,10 @@ class GoSymbols:
             found = []
             # the mapped file itself while the target runs; its path once it is gone
             for path in (f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}", m.path.removesuffix(" (deleted)")):
-                try:
-                    tab = read_pclntab(ElfFile(path))
-                except (ProbesError, struct.error):
-                    continue
-                found = [(f.start, f.end, f.name) for f in tab.funcs] if tab else []
-                break
+                if os.path.exists(path):
+                    tab = read_pclntab(path)
+                    found = [(f.start, f.end, f.name) for f in tab.funcs] if tab else []
+                    break
             self._tables[m.path] = found
         return found
 

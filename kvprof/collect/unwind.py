@@ -36,7 +36,6 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from kvprof.collect import PROBES_DIR, CollectError
-from kvprof.collect.elf import ElfFile, ProbesError
 from kvprof.collect.gosym import unwind_frames
 
 # The order of enum unw_kind and enum unw_reason in probes/unwind.h.
@@ -185,10 +184,7 @@ def go_rows(path: str) -> list[tuple[int, int, int, int]]:
     """The rows of a Go binary without CFI (-ldflags=-s drops .debug_frame) from its pc
     tables (kvprof.collect.gosym); [] for any other file. A Go frame saves the caller's
     rbp right below the return address."""
-    try:
-        frames = unwind_frames(ElfFile(path))
-    except ProbesError:
-        return []
+    frames = unwind_frames(path)
     end, rsp = ROW_KINDS.index("end"), ROW_KINDS.index("rsp")
     return [(pc, end, 0, 0) if cfa is None else (pc, rsp, -16 if cfa >= 16 else 0, cfa) for pc, cfa in frames]
 
