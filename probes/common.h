@@ -37,10 +37,18 @@ struct kv_perf_event_data {
     u64 addr;
 };
 
-// Whether the current task belongs to the target.
+// Whether the current task belongs to the target (with -DFOLLOW_FORKS: or to a
+// process it forked, follow.h).
+#ifdef FOLLOW_FORKS
+static __always_inline int kv_followed(u32 tgid);
+#define KV_FOLLOWED(tgid) kv_followed(tgid)
+#else
+#define KV_FOLLOWED(tgid) 0
+#endif
 static __always_inline int kv_is_target(u64 pid_tgid)
 {
-    return (pid_tgid >> 32) == TARGET_TGID;
+    u32 tgid = pid_tgid >> 32;
+    return tgid == TARGET_TGID || KV_FOLLOWED(tgid);
 }
 
 // Add n to a counter a map lookup returned; 0 when there was none (NULL: a

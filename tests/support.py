@@ -293,10 +293,15 @@ def _load_base(pid: int) -> int:
 
 def semaphores(server: Server) -> dict[str, int]:
     """The current value of every kvs probe semaphore in the running server."""
-    base = _load_base(server.pid)
+    return pid_semaphores(server.pid)
+
+
+def pid_semaphores(pid: int) -> dict[str, int]:
+    """The current value of every kvs probe semaphore in a running process."""
+    base = _load_base(pid)
     values = {}
-    with Path(f"/proc/{server.pid}/mem").open("rb") as mem:
-        for n in probe_notes(_running_image(server.pid)[0]):
+    with Path(f"/proc/{pid}/mem").open("rb") as mem:
+        for n in probe_notes(_running_image(pid)[0]):
             if n.provider == "kvs" and n.name not in values:
                 mem.seek(base + n.semaphore)
                 values[n.name] = int.from_bytes(mem.read(2), "little")
@@ -305,15 +310,20 @@ def semaphores(server: Server) -> dict[str, int]:
 
 def assert_detached(server: Server) -> None:
     """Nothing of ours in uprobe_events, and no kvs semaphore of the server still raised."""
+    assert_no_uprobes()
+    if server.alive():
+        raised = {k: v for k, v in semaphores(server).items() if v}
+        assert not raised, f"semaphores still raised after detaching: {raised}"
+
+
+def assert_no_uprobes() -> None:
+    """Nothing of ours in uprobe_events."""
     if UPROBE_EVENTS.exists():
         # BCC names the uprobes it creates through tracefs ..._bcc_<tracer pid>;
         # through the perf uprobe PMU (newer kernels) it creates none there.
         ours = f"bcc_{os.getpid()}"
         left = [line for line in UPROBE_EVENTS.read_text().splitlines() if ours in line]
         assert not left, f"uprobes left behind: {left}"
-    if server.alive():
-        raised = {k: v for k, v in semaphores(server).items() if v}
-        assert not raised, f"semaphores still raised after detaching: {raised}"
 
 
 def worker_tids(server: Server) -> dict[int, int]:

@@ -56,7 +56,7 @@ def _tuples(entry: dict[str, Any]) -> dict[str, Any]:
 
 CATALOG = load_catalog()
 
-_ARGS = re.compile(r"\(.*$")
+_ARGS = re.compile(r"(?<!\.)\(.*$")  # not a Go method: sync.(*Mutex).Lock
 _OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")
 
 

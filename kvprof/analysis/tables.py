@@ -32,6 +32,10 @@ LOCK_PROBE = "lock__wait__done"
 LINE_PROBE = "atomic__sample"
 REQUEST_PROBE = "cmd__done"
 T = TypeVar("T")
+# Rows of a per-thread table (report, top's Threads view) and threads named in a finding's
+# text; the rest are summed in one "N more threads" line: a target may run thousands.
+THREAD_ROWS = 40
+THREADS_NAMED = 8
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)  # the request table's p50, p90, p99, p99.9
 
 

@@ -120,6 +120,7 @@ class CollectOptions:
     backend: str = "bpf"  # "perf": `perf record` instead of BPF, and nothing else
     python: bool | None = None  # py-spy's Python stacks: None = when the target is CPython
     native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
+    follow_forks: bool = False  # also the processes the target forks (kvprof.collect.follow)
     live: bool = False  # read while attaching (top): the window starts at the first attach; py-spy dumps
 
     def cflags(self, pid: int) -> list[str]:

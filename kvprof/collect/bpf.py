@@ -22,7 +22,7 @@ from bcc import BPF, PerfSWConfig, PerfType
 from bcc.libbcc import lib
 from bcc.utils import get_online_cpus
 
-from kvprof.collect import PROBES_DIR, CollectError, CollectOptions
+from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, follow
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
 from kvprof.model.profile import Profile
@@ -81,15 +81,19 @@ class Module:
     unwind tables in probes/unwind.h). cleanup() detaches what BCC attached
     itself (tracepoint programs) and frees programs and maps; idempotent."""
 
-    def __init__(self, pid: int, programs: list[Program], opts: CollectOptions) -> None:
+    def __init__(self, pid: int, programs: list[Program], opts: CollectOptions, events: bool = False) -> None:
+        """`events`: also what the target's processes do (probes/follow.h, which every
+        module has when opts.follow_forks: it keeps the followed processes)."""
         self.pid = pid
         self.names = [p.name for p in programs]
         self.shared: dict[str, Any] = {}
-        flags = list(opts.cflags(pid))
+        flags = list(opts.cflags(pid)) + follow.cflags(opts)
         for p in programs:
             flags += [f for f in p.cflags if f not in flags]
-        try:
-            self.bpf: Any = compile_kept("\n".join(p.text for p in programs), flags)
+        self.events = events or opts.follow_forks
+        texts = ([follow.text()] if self.events else []) + [p.text for p in programs]
+        try:  # follow.h first: its kv_followed() is what common.h's kv_is_target() calls
+            self.bpf: Any = compile_kept("\n".join(texts), flags)
         except CollectError as e:
             raise CollectError(f"cannot compile {' + '.join(self.names)}: {e}") from None
 

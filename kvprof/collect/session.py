@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class
+from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class, follow
+from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
@@ -147,6 +148,10 @@ class Session:
         self._attaching = threading.RLock()
         self._closed = False
         self._meter = Meter(target.pid)  # what kvprof itself costs over the window
+        self._events: list[follow.Events | None] = [
+            None,
+            None,
+        ]  # follow.h's counts: at the window's start, last read
 
     # ---- lifetime ------------------------------------------------------------
 
@@ -163,6 +168,8 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
+        if target_is_go(self.pid):
+            self.status.notes.append(GO_NOTE)
         order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
         at_window: list[Any] = []  # collectors that count from the window's start (reads_once)
         try:
@@ -218,6 +225,7 @@ class Session:
         # cover the same window, and the target's own stats are read at this
         # point for the ground truth.
         self._base = self._read(probes_first=False)
+        self._events[0] = self._events[1]
         self._meter.start(self._programs())
         self.started_at = time.time()
         self._t0 = time.monotonic()
@@ -279,7 +287,7 @@ class Session:
 
         if self._closed:
             return []
-        module = Module(self.pid, programs, self.opts)
+        module = Module(self.pid, programs, self.opts, events=not self._modules)
         self._modules.append(module)
         return [(module, collectors)]
 
@@ -393,7 +401,10 @@ class Session:
                 counters={},
                 warnings=list(self.status.warnings),
                 sample_rates=dict(self.status.sample_rates),
+                notes=list(self.status.notes),
             )
+            modules = list(self._modules)
+        self._target_events(profile, modules)
         # The probe collectors' maps are small and read in milliseconds; the
         # stack collectors symbolize thousands of frames. The probe maps are
         # read right next to the moment the target's own stats are read:
@@ -402,6 +413,28 @@ class Session:
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
         return profile
+
+    def _target_events(self, profile: Profile, modules: list[Module]) -> None:
+        """What the target's processes did in the window (kvprof.collect.follow), as notes."""
+        try:
+            self._events[1] = follow.read(modules[0]) if modules and modules[0].bpf else self._events[1]
+        except Exception:  # closed meanwhile: the last read stands
+            pass
+        events = self._events[1]
+        if events is not None:
+            profile.status.notes += follow.notes(events, self._events[0], self.opts.follow_forks)
+
+    def stop_reason(self) -> str | None:
+        """Why run() must stop now: the target exited or exec'd another program."""
+        if not alive(self.pid):
+            return f"the target (PID {self.pid}) exited after {self.elapsed():.1f} s"
+        with self._lock:
+            module = self._modules[0] if self._modules else None
+        try:
+            execd = module is not None and module.bpf is not None and follow.target_execd(module)
+        except Exception:  # closed meanwhile
+            execd = False
+        return follow.exec_reason(self.pid, self.elapsed()) if execd else None
 
     def run(
         self, duration: float | None, interval: float = 1.0, snapshots: bool = True
@@ -417,9 +450,10 @@ class Session:
             wake = now + interval if deadline is None else min(now + interval, deadline)
             while time.monotonic() < wake:
                 time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
-                if not alive(self.pid):
+                reason = self.stop_reason()
+                if reason is not None:
                     self.status.partial = True
-                    self.status.reason = f"the target (PID {self.pid}) exited after {self.elapsed():.1f} s"
+                    self.status.reason = reason
                     yield self.snapshot()
                     return
             yield self.snapshot() if snapshots else None

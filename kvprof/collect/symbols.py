@@ -19,6 +19,7 @@ from bcc import BPF
 
 from kvprof.collect import INLINE_FRAMES, inline
 from kvprof.collect.elf import STT_OBJECT, ElfFile, ProbesError
+from kvprof.collect.gosym import GoSymbols
 from kvprof.collect.unwind import MARKERS, Mapping, Unwinder
 from kvprof.model.profile import INLINED
 
@@ -71,6 +72,7 @@ class Symbolizer:
         self._at = Memo(self._frames_at)
         self._dwarf: dict[str, inline.ModuleInlines | None] = {}  # mapped path -> its inline tables
         self._kernel = Memo(_kernel_frame)
+        self._go = GoSymbols()  # a Go binary without .symtab: its .gopclntab
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
         # view reads the same stacks every second, so each is named once.
         self._unwound = Memo(self._unwind)
@@ -140,7 +142,7 @@ class Symbolizer:
         if name:
             return str(name.decode(errors="replace"))
         if m is not None:
-            return f"{m.name}+0x{addr - m.bias:x}"
+            return self._go.name(self.pid, m, addr - m.bias) or f"{m.name}+0x{addr - m.bias:x}"
         if module:
             return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
         return "[unknown]"

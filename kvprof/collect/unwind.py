@@ -36,6 +36,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from kvprof.collect import PROBES_DIR, CollectError
+from kvprof.collect.gosym import unwind_frames
 
 # The order of enum unw_kind and enum unw_reason in probes/unwind.h.
 ROW_KINDS = ("none", "rsp", "rbp", "end", "plt")
@@ -179,6 +180,15 @@ def build_rows(path: str) -> list[tuple[int, int, int, int]]:
     return [r for r in table.values() if r[0] < 1 << 32 and -32768 <= r[2] < 32768]
 
 
+def go_rows(path: str) -> list[tuple[int, int, int, int]]:
+    """The rows of a Go binary without CFI (-ldflags=-s drops .debug_frame) from its pc
+    tables (kvprof.collect.gosym); [] for any other file. A Go frame saves the caller's
+    rbp right below the return address."""
+    frames = unwind_frames(path)
+    end, rsp = ROW_KINDS.index("end"), ROW_KINDS.index("rsp")
+    return [(pc, end, 0, 0) if cfa is None else (pc, rsp, -16 if cfa >= 16 else 0, cfa) for pc, cfa in frames]
+
+
 def build_id(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
@@ -230,7 +240,7 @@ def module_table(path: str) -> Table:
     except OSError:
         pass
     t0 = time.monotonic()
-    rows = build_rows(path)
+    rows = build_rows(path) or go_rows(path)
     data = b"".join(ROW.pack(pc, kind, 0, rbp_off, cfa_off) for pc, kind, rbp_off, cfa_off in rows)
     build_s = time.monotonic() - t0
     try:

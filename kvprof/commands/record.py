@@ -48,6 +48,7 @@ examples:
   kvprof record -p 1234 -o base.json.gz --flamegraph base.svg   # the profile and its flame graph
   kvprof record -p $(pgrep -f app.py)   # a CPython process: Python stacks from py-spy, waits from BPF
   kvprof record -p 1234 --python --native --collectors oncpu   # py-spy alone (no root for your own)
+  kvprof record -p 1234 --follow-forks  # and the worker processes it forks
 """
 
 
@@ -92,6 +93,12 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "--native", action="store_true", help="with py-spy: merge C/C++ extension frames into the stacks"
     )
+    p.add_argument(
+        "--follow-forks",
+        action="store_true",
+        help="also record the processes the target forks from now on (on-CPU and off-CPU stacks; "
+        "until they exec another program); without it a fork is said in the profile",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no banner or progress")
     p.set_defaults(run=_run)
 
@@ -132,6 +139,7 @@ class RecordOptions:
     flamegraph: Path | None = None  # also write the on-CPU flame graph (.svg/.folded/.speedscope.json)
     python: bool | None = None  # on-CPU stacks from py-spy: None = when the target is CPython
     native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
+    follow_forks: bool = False  # the target's forked processes too (kvprof.collect.follow)
 
 
 def _progress(line: str, final: bool = False) -> None:
@@ -179,6 +187,7 @@ def _collect_options(opts: RecordOptions) -> CollectOptions:
         backend=opts.backend,
         python=opts.python,
         native=opts.native,
+        follow_forks=opts.follow_forks,
     )
 
 

@@ -212,6 +212,7 @@ class Status:
     collectors: dict[str, str] = field(default_factory=dict)  # name -> "ok" or why not
     counters: dict[str, int] = field(default_factory=dict)  # lost samples, stack errors, map full...
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the target was and did: Go, forks, execs, threads
     sample_rates: dict[str, int] = field(default_factory=dict)  # probe -> 1 in N (server's --probe-sample)
 
 

@@ -212,7 +212,7 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
             states.setdefault(name, state)
         status.hz = last.hz
         status.drops = _drops(last)
-        status.warnings = list(last.status.warnings)
+        status.warnings = list(last.status.warnings) + list(last.status.notes)
         if last.status.partial and last.status.reason:
             status.warnings.insert(0, last.status.reason)
     status.collectors = states

@@ -214,15 +214,14 @@ class LiveSource:
     # ---- reading ---------------------------------------------------------------------
 
     def poll(self) -> list[Sample]:
-        from kvprof.collect.session import alive
-
         with self._poll_lock:
             if self._closed:
                 return []
             at = time.monotonic() - self._t0
             with self._changed:
                 seen = self._changes  # a change after this point gets a poll of its own
-            is_alive = alive(self.pid)
+            ended = self.session.stop_reason()  # it exited, or exec'd another program
+            is_alive = ended is None
             stats = self.session.stats(("",), timeout=0.5).get("general") if is_alive else None
             # the window starts with the first collector attached
             profile = self.session.snapshot() if self.session.started_at else None
@@ -233,7 +232,7 @@ class LiveSource:
                 states = dict(self.states)
             if profile is not None and not is_alive:
                 profile.status.partial = True
-                profile.status.reason = f"the target (PID {self.pid}) exited after {at:.1f} s"
+                profile.status.reason = ended or ""
             if self.error:
                 states.setdefault("error", self.error)
         if not is_alive:

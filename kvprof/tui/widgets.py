@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 from textual.widgets.data_table import RowDoesNotExist
 
-from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate
+from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, THREAD_ROWS, sample_rate
 from kvprof.tui import data
 from kvprof.tui.data import Frame, num, pct
 
@@ -502,7 +502,16 @@ class ThreadsPanel(TablePanel):
     )  # fmt: skip
 
     def rows(self, frame: Frame) -> Iterable[Row]:
-        for r in data.thread_rows(frame):
+        every = data.thread_rows(frame)
+        head: Text | str = self.head
+        if len(every) > THREAD_ROWS:  # a table of thousands would cost a second to draw
+            rest = every[THREAD_ROWS:]
+            head = (
+                f"the busiest {THREAD_ROWS} threads; {len(rest):,} more threads: "
+                f"{pct(sum(r.cpu_share for r in rest))} CPU in all; Enter: its stacks"
+            )
+        self.query_one("#threads-head", Line).set_text(head)
+        for r in every[:THREAD_ROWS]:
             function = data.top_function(r)
             top = fit(function, max(12, self.app.size.width - 64))
             sockets = ",".join(s for s, n in sorted(r.sockets.items()) if n > 0) or "-"

@@ -31,7 +31,7 @@ from kvprof.analysis.rows import (
     request_rows,
     thread_rows,
 )
-from kvprof.analysis.tables import LINE_PROBE, sample_rate, socket_matrix
+from kvprof.analysis.tables import LINE_PROBE, THREAD_ROWS, THREADS_NAMED, sample_rate, socket_matrix
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
@@ -110,6 +110,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         "collectors": collector_states(profile),
         "partial": profile.status.partial,
         "warnings": warnings_of(profile),
+        # what the target was and did (Go, forks, execs, threads), when there is something to say
+        **({"notes": list(profile.status.notes)} if profile.status.notes else {}),
         "sample_rates": dict(profile.status.sample_rates),
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
         "tables": {
@@ -227,6 +229,8 @@ def _header(profile: Profile) -> list[str]:
             lines.extend(_wrap(f"{name}: {state}", "      ", "    not used: "))
     for w in warnings_of(profile):
         lines.extend(_wrap(w, "    ", "WARNING: "))
+    for note in profile.status.notes:
+        lines.extend(_wrap(note, "    ", "  note: "))
     return lines
 
 
@@ -277,12 +281,12 @@ def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
         name_w = WIDTH - 5 - 13 * len(cols)
         hdr = "   " + "thread".ljust(name_w) + "".join(h.rjust(13) for _, h, _ in cols)
         lines.append(hdr.rstrip())
-        for tid, row in list(f.per_thread.items())[:8]:
+        for tid, row in list(f.per_thread.items())[:THREADS_NAMED]:
             label = f"{f.thread_names.get(tid) or '?'} ({tid})"
             cells = "".join(_n(row.get(k, 0.0) * scale).rjust(13) for k, _, scale in cols)
             lines.append("     " + _fit(label, name_w - 2).ljust(name_w - 2) + cells)
-        if len(f.per_thread) > 8:
-            lines.append(f"     ... and {len(f.per_thread) - 8} more threads")
+        if len(f.per_thread) > THREADS_NAMED:
+            lines.append(f"     ... and {len(f.per_thread) - THREADS_NAMED} more threads")
     if many_sockets and f.per_socket:
         parts = []
         for s, row in sorted(f.per_socket.items()):
@@ -435,11 +439,18 @@ def _threads_section(profile: Profile) -> list[str]:
         f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}{'offcpu ms':>10}"
         f"{'stk ok':>7}",
         "no thread data",
-        trows,
+        trows[:THREAD_ROWS],
         _thread_line,
     )
     if not trows:
         return out
+    if len(trows) > THREAD_ROWS:
+        rest = trows[THREAD_ROWS:]
+        out.append(
+            f"{'':>7} {f'{len(rest):,} more threads':<16}{sum(t.samples for t in rest):>8}"
+            f"{sum(t.cpu_share for t in rest) * 100:7.1f} {'':<10}{_n(sum(t.lock_wait_ms for t in rest)):>8}"
+            f"{_n(sum(t.offcpu_ms for t in rest)):>10}"
+        )
     out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
     stops: dict[str, int] = defaultdict(int)
     for info in profile.threads.values():

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from kvprof.analysis.findings.common import Context, explain, severity_of, wait_cost
 from kvprof.analysis.hotspots import call_site, match_function, normalize
-from kvprof.analysis.tables import locks, offcpu_stacks
+from kvprof.analysis.tables import THREADS_NAMED, locks, offcpu_stacks
 from kvprof.model.profile import Finding
 
 # Off-CPU waits that mean "nothing to do", not "blocked": leaf-most user frames.
@@ -46,8 +46,9 @@ def _is_idle(frames: list[str]) -> bool:
 
 
 def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
-    parts = [f"{names[t]} ({t})" if names.get(t) else f"tid {t}" for t in tids]
-    return ", ".join(parts)
+    parts = [f"{names[t]} ({t})" if names.get(t) else f"tid {t}" for t in tids[:THREADS_NAMED]]
+    more = len(tids) - THREADS_NAMED
+    return ", ".join(parts) + (f" and {more:,} more threads" if more > 0 else "")
 
 
 def _futex_findings(c: Context) -> list[Finding]:
