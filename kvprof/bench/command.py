@@ -25,6 +25,7 @@ from kvprof.bench import (
     scenarios,
     stats,
     table,
+    whatif,
 )
 from kvprof.bench.instructions import DEFAULT_REQUESTS
 from kvprof.bench.machine import host_metadata
@@ -105,6 +106,10 @@ def _write(suite_results: list[VariantRuns], plan: Plan, output: Path) -> list[r
 
 def _plan(o: Options, progress: TextIO) -> Plan:
     """The scenario's plan, or with --rev kvcached built at each revision (ValueError / BenchError)."""
+    if o.scenario == scenarios.WHATIF:
+        if o.against or o.revs or o.overrides.servers or o.overrides.client_changes():
+            raise ValueError("--scenario whatif chooses its own variants and load: give only -t, --runs, -d")
+        return whatif.plan(o.overrides.workers)
     if not o.revs:
         return scenarios.build(o.scenario, o.against, o.overrides)
     if o.scenario != scenarios.STUDY or o.against:
@@ -147,8 +152,14 @@ def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, 
     return out
 
 
-def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
-    """Run a server scenario (study, memcached, loadgen, keycmp, --rev); returns the exit status."""
+def run_scenario(
+    o: Options,
+    out: TextIO = sys.stdout,
+    progress: TextIO = sys.stderr,
+    predict: whatif.Predict | None = None,
+) -> int:
+    """Run a server scenario (study, memcached, loadgen, keycmp, whatif with `predict`,
+    --rev); returns the exit status."""
     try:
         plan = _plan(o, progress)
     except ValueError as e:
@@ -171,8 +182,14 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     )
     host = host_line()
     interrupted = False
+    recorder = None
+    if plan.scenario == scenarios.WHATIF:
+        if predict is None or o.instructions:
+            print("kvprof bench: --scenario whatif runs timed rounds with kvprof's model", file=sys.stderr)
+            return 2
+        recorder = whatif.Recorder(predict, keep=output)
     try:
-        done = run_plan(plan, o.runs, duration, o.warmup, progress, o.wait_idle)
+        done = run_plan(plan, o.runs, duration, o.warmup, progress, o.wait_idle, recorder)
     except Interrupted as e:
         done = [r for r in e.results if r.runs]
         interrupted = True
@@ -191,6 +208,10 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     ]
     lines = table.render_bench(measured, title=[w for t in title for w in table.wrap(t)])
     lines += _targets(plan, measured)
+    if recorder is not None:
+        ops = {m.name: m.ops for m in measured}
+        for g in plan.groups:
+            lines += ["", *whatif.render(g.variants, ops, recorder)]
     try:
         lines += [w for line in _history(o, plan, _timed_figures(measured)) for w in table.wrap(line)]
     except (BenchError, OSError) as e:
@@ -297,10 +318,10 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def run(o: Options) -> int:
+def run(o: Options, predict: whatif.Predict | None = None) -> int:
     if o.scenario == scenarios.ATOMICS:
         if o.against or o.overrides.servers or o.overrides.client_changes() or o.revs or o.instructions:
             print("kvprof bench: --scenario atomics takes only -t, --runs, --duration, -o", file=sys.stderr)
             return 2
         return run_atomics(o)
-    return run_scenario(o)
+    return run_scenario(o, predict=predict)
