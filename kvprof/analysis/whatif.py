@@ -6,7 +6,8 @@ pace), or busy without running (a lock or futex wait, preempted, blocked).
 A fix removes part of a thread's busy time, `removed`: the time it waited
 for a contended lock or futex, the CPU it spent in the machinery only a
 contended lock runs at that call site (the futex calls, the wake-up an
-unlock owes a sleeper), the CPU of a function whose shared cache line bounced, or the
+unlock owes a sleeper), the CPU of a function whose shared cache line bounced (at least its transfers
+times a cache-line round trip), or the
 CPU samples stalled on an atomic write to a contended line. A per-thread
 design still does the work itself; only that excess goes.
 
@@ -203,6 +204,12 @@ class Stacks:
         return out
 
 
+def modelled(f: Finding) -> bool:
+    """Whether the model has a fix for `f`: a contended lock or futex, or a shared cache
+    line. CPU in a function and blocking off the CPU are work, not contention: 0."""
+    return f.category in ("lock", "cacheline") or f.id.startswith("futex:")
+
+
 def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
     """Per thread, the share of the wall time fixing `f` would remove."""
     out: dict[str, float] = defaultdict(float)
@@ -216,11 +223,12 @@ def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
         for tid, row in f.per_thread.items():
             out[tid] += row.get("samples", 0.0) / hz / dur
     elif f.category == "cacheline" and f.cost.get("writers", 2.0) != 1.0:
-        if p.oncpu:
-            out.update(stacks.cpu(f.sites or [f.where], lock_only=False))
-        else:  # no CPU samples: each transfer stalls the writer for a round trip
-            for tid, row in f.per_thread.items():
-                out[tid] += row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
+        # the CPU samples in the function see the stall when it is long enough to be sampled;
+        # each transfer stalls the writer for at least one round trip, which bounds it below
+        cpu = stacks.cpu(f.sites or [f.where], lock_only=False)
+        for tid, row in f.per_thread.items():
+            stall = row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
+            out[tid] = max(cpu.get(tid, 0.0), stall)
     return dict(out)
 
 
@@ -265,11 +273,8 @@ class Prediction:
     pace: str
 
 
-def predict(p: Profile, fixes: Mapping[str, Collection[str]]) -> Prediction:
+def predict(p: Profile, findings: list[Finding], fixes: Mapping[str, Collection[str]]) -> Prediction:
     """The gain of each fix, a fix being the catalog entries (hotspot ids) it removes."""
-    from kvprof.analysis.findings import find  # the findings package annotates with this module
-
-    findings = find(p)
     b = budget(p)
     top = max(findings, key=lambda f: f.cost.get(GAIN_KEY, 0.0), default=None)
     return Prediction(

@@ -173,7 +173,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.requests and not args.instructions:
         return fail("bench", "--requests goes with --instructions")
     if args.scenario == "whatif":
+        from kvprof.analysis.findings import find
         from kvprof.analysis.whatif import predict
 
-        return command.run(opts, predict)
+        return command.run(opts, lambda p, fixes: predict(p, find(p), fixes))
     return command.run(opts)
