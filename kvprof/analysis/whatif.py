@@ -6,16 +6,18 @@ pace), or busy without running (a lock or futex wait, preempted, blocked).
 A fix removes part of a thread's busy time, `removed`: the time it waited
 for a contended lock or futex, the CPU it spent in the machinery only a
 contended lock runs at that call site (the futex calls, the wake-up an
-unlock owes a sleeper), the CPU of a function whose shared cache line bounced (at least its transfers
-times a cache-line round trip), or the
-CPU samples stalled on an atomic write to a contended line. A per-thread
-design still does the work itself; only that excess goes.
+unlock owes a sleeper), the CPU of a function whose shared cache line
+bounced (at least its transfers times a cache-line round trip), or the CPU
+samples stalled on an atomic write to a contended line. A per-thread design
+still does the work itself; only that excess goes.
 
-A thread busy a share `b` of the window, of which the fix removes `r`,
-serves b / (b - r) times as fast while it is the bottleneck. It is the
-bottleneck for the share of the time it is busy, so its gain is
-b x r / (b - r): all of it when the thread never waits for work (b = 1),
-little when it mostly waits for requests. The target's gain is the mean of
+A thread that is never idle serves 1 / (1 - r) times as fast when a fix
+removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
+what it gains. A thread that waits for work part of the time is the
+bottleneck only while it is busy (a share `b`): when it is idle the client
+or the network has the requests, and a shorter service time does not bring
+them sooner. So its gain is b x r / (1 - r): all of it when b = 1, about
+nothing when it mostly waits for requests. The target's gain is the mean of
 its threads' gains weighted by their busy time (the work each serves).
 Several fixes remove the sum of their times from each thread before the
 formula is applied, so gains compound rather than add.
@@ -161,7 +163,7 @@ def gain(b: Budget, removed: dict[str, float]) -> float:
         if t is None or r <= 0 or t.busy <= 0:
             continue
         r = min(r, 0.95 * t.busy)  # a fix cannot take all of a thread's work away
-        out += t.busy / total * t.busy * r / (t.busy - r)
+        out += t.busy / total * t.busy * r / (1.0 - r)
     return out
 
 
