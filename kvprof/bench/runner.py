@@ -146,9 +146,10 @@ def _die_with_parent() -> None:
 class Bench:
     """Owns a plan's servers; `run()` does the rounds. Use as a context manager."""
 
-    def __init__(self, plan: Plan, progress: TextIO) -> None:
+    def __init__(self, plan: Plan, progress: TextIO, before: Callable[[Bench], None] | None = None) -> None:
         self.plan = plan
         self.progress = progress
+        self.before = before  # called once the servers are up and populated
         self.servers: dict[ServerConfig, Server] = {}
         self.failed = False
         tools = {v.client.tool for v in plan.variants}
@@ -305,22 +306,15 @@ class Bench:
         for i, vr in enumerate(results):
             vr.runs.append(merge(parts[i]))
 
-    def run(
-        self,
-        runs: int,
-        duration: float,
-        warmup: float,
-        wait_idle: bool = False,
-        before: Callable[[Bench], None] | None = None,
-    ) -> list[VariantRuns]:
-        """Start, populate, `before` (the servers up), warm up, then `runs` interleaved
+    def run(self, runs: int, duration: float, warmup: float, wait_idle: bool = False) -> list[VariantRuns]:
+        """Start, populate, `self.before` (the servers up), warm up, then `runs` interleaved
         rounds; Interrupted keeps complete rounds."""
         results: list[VariantRuns] = []
         with stop_on_signals(signal.SIGHUP):  # SIGTERM and SIGHUP stop it as Ctrl-C does
             try:
                 self.start()
-                if before is not None:
-                    before(self)
+                if self.before is not None:
+                    self.before(self)
                 for v in self.plan.variants:
                     server = self.servers[v.server]
                     version = server.stats().get("version", "?")
@@ -357,7 +351,7 @@ def run_plan(
     """Run a plan start to end (`before`: once the servers are up); every server is
     stopped whatever happens."""
     started = time.monotonic()
-    with Bench(plan, progress) as bench:
-        results = bench.run(runs, duration, warmup, wait_idle, before)
+    with Bench(plan, progress, before) as bench:
+        results = bench.run(runs, duration, warmup, wait_idle)
     bench.say(f"done in {time.monotonic() - started:.0f} s")
     return results
