@@ -6,6 +6,7 @@ and on a real kvcached the sign and order of its predictions (BPF).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -229,3 +230,20 @@ def test_kvcached_fixes_predict_gains_where_the_sites_are_shared(
     assert base["topkeys"] > 0 and base["fixed"] >= base["topkeys"], base
     assert all(fixed[site] == 0 for site in SITES), fixed
     assert fixed["fixed"] < base["fixed"], (fixed, base)
+
+
+@pytest.mark.bpf
+def test_a_program_without_probes_gets_gains_from_its_futex_waits(
+    contend: Callable[[], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The same model on a foreign binary (tests/programs/contend.c): its contended mutex,
+    seen as futex waits, predicts a gain; its hot spinning function, work, predicts none."""
+    proc = contend()
+    out = tmp_path / "contend.json"
+    done = record(proc.pid, out, "-d", "3")
+    assert done.returncode == 0, done.stderr
+    findings = find(Profile.load(out))
+    futex = [f for f in findings if f.id.startswith("futex:")]
+    assert futex and max(f.cost[GAIN_KEY] for f in futex) > 0, [(f.id, f.cost) for f in findings]
+    hot = [f for f in findings if f.where == "spin_hot_function"]
+    assert hot and all(f.cost[GAIN_KEY] == 0 for f in hot)
