@@ -93,9 +93,12 @@ class Budget:
 
 
 def _samples_by_thread(p: Profile) -> dict[str, int]:
+    """Each thread's on-CPU samples: its stacks', its own count's, or the sampled registers'."""
     out: dict[str, int] = defaultdict(int)
     for s in p.oncpu:
         out[str(s.tid)] += s.count
+    for tid, th in p.threads.items():
+        out[tid] = max(out[tid], th.cpu_samples, p.addresses.thread_samples.get(tid, 0))
     return out
 
 
