@@ -7,8 +7,7 @@ A fix removes part of a thread's busy time, `removed`: the time it waited
 for a contended lock or futex, the CPU it spent in the machinery only a
 contended lock runs at that call site (the futex calls, the wake-up an
 unlock owes a sleeper), the CPU of a function whose shared cache line
-bounced (at least its transfers times a cache-line round trip), or the CPU
-samples stalled on an atomic write to a contended line. A per-thread design
+bounced, or the CPU samples stalled on an atomic write to a contended line. A per-thread design
 still does the work itself; only that excess goes.
 
 A thread that is never idle serves 1 / (1 - r) times as fast when a fix
@@ -228,12 +227,15 @@ def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
         for tid, row in f.per_thread.items():
             out[tid] += row.get("samples", 0.0) / hz / dur
     elif f.category == "cacheline" and f.cost.get("writers", 2.0) != 1.0:
-        # the CPU samples in the function see the stall when it is long enough to be sampled;
-        # each transfer stalls the writer for at least one round trip, which bounds it below
-        cpu = stacks.cpu(f.sites or [f.where], lock_only=False)
-        for tid, row in f.per_thread.items():
-            stall = row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
-            out[tid] = max(cpu.get(tid, 0.0), stall)
+        # the CPU samples in the function see the stall. Without them, each transfer stalls
+        # the writer for a round trip; but only an unsampled probe counts transfers between
+        # consecutive updates: a sampled one's are between sampled updates, N updates apart,
+        # and say that the line moved at some point in between, not how often.
+        if p.oncpu:
+            out.update(stacks.cpu(f.sites or [f.where], lock_only=False))
+        elif f.cost.get("sample_rate", 1.0) <= 1.0:
+            for tid, row in f.per_thread.items():
+                out[tid] = row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
     return dict(out)
 
 
