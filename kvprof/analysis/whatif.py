@@ -1,25 +1,25 @@
 """What each fix is worth: the throughput a finding would give back if it were fixed.
 
-For every thread of the target the window is a time budget: on the CPU,
-waiting for work (an idle wait such as epoll_wait: the client sets the
-pace), or busy without running (a lock or futex wait, preempted, blocked).
-A fix removes part of a thread's busy time, `removed`: the time it waited
-for a contended lock or futex, the CPU it spent in the machinery only a
-contended lock runs at that call site (the futex calls, the wake-up an
-unlock owes a sleeper), the CPU of a function whose shared cache line
-bounced, or the CPU samples stalled on an atomic write to a contended line. A per-thread design
-still does the work itself; only that excess goes.
+For every thread of the target the window is a time budget: busy (on the
+CPU, or waiting on a contended lock or futex: serving) or not (waiting for
+requests, for a CPU another process holds, for I/O). A fix removes part of
+a thread's busy time, `removed`: the time it waited for a contended lock or
+futex, the CPU it spent in the machinery only a contended lock runs at that
+call site (the futex calls, the wake-up an unlock owes a sleeper), the CPU
+of a function whose shared cache line bounced, or the CPU samples stalled
+on an atomic write to a contended line. A per-thread design still does the
+work itself; only that excess goes.
 
-A thread that is never idle serves 1 / (1 - r) times as fast when a fix
+A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
-what it gains. A thread that waits for work part of the time is the
-bottleneck only while it is busy (a share `b`): when it is idle the client
-or the network has the requests, and a shorter service time does not bring
-them sooner. So its gain is b x r / (1 - r): all of it when b = 1, about
-nothing when it mostly waits for requests. The target's gain is the mean of
-its threads' gains weighted by their busy time (the work each serves).
-Several fixes remove the sum of their times from each thread before the
-formula is applied, so gains compound rather than add.
+what it gains. A thread busy a share `b` of the time is the bottleneck only
+while busy: the rest of the time the client, the network or another process
+has the requests or the CPU, and a shorter service time does not bring them
+sooner. So its gain is b x r / (1 - r): all of it when b = 1, about nothing
+when it mostly waits. The target's gain is the mean of its threads' gains
+weighted by their busy time (the work each serves). Several fixes remove the
+sum of their times from each thread before the formula is applied, so gains
+compound rather than add.
 
 Time kvprof's own probes spent in the target (samples in the kernel's uprobe
 handling) is left out of what a fix removes: the unprofiled target never
@@ -34,16 +34,15 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from kvprof.analysis.findings.common import THRESHOLDS
-from kvprof.analysis.findings.offcpu import is_idle
 from kvprof.analysis.hotspots import normalize
-from kvprof.analysis.tables import offcpu_stacks, seconds
+from kvprof.analysis.tables import locks, seconds
 from kvprof.model.profile import HZ, Finding, Profile
 
 GAIN_KEY = "gain_if_fixed"  # in each finding's cost: 0.12 for +12 % throughput
 REMOVED_KEY = "removed_share"  # in each finding's cost: the busiest thread's share the fix removes
 COUNTED = ("critical", "warning")  # the severities gain_if_all_fixed takes together
 CPU_BOUND = 0.8  # the threads' busy share from which the target is CPU-bound
-NOT_BOUND = 0.3  # and under which it is not: the client or the network sets the pace
+NOT_BOUND = 0.5  # and under which it is not: its threads wait more than they serve
 # the lock machinery that runs only when a lock is contended: the futex calls and the
 # wake-up an unlock owes a sleeper (a trylock's miss can be a cold line, contended or not)
 CONTENDED_FRAMES = ("futex", "lll_lock_wake", "lll_unlock_wake")
@@ -58,8 +57,7 @@ class ThreadTime:
     tid: str
     name: str
     on_cpu: float
-    idle: float  # waiting for work
-    busy: float  # everything else: on the CPU, waiting on a lock, preempted, blocked
+    busy: float  # on the CPU or waiting on a contended lock; the rest it waited for something else
 
 
 @dataclass
@@ -67,7 +65,6 @@ class Budget:
     """The target's threads' time, and what sets its pace."""
 
     threads: dict[str, ThreadTime] = field(default_factory=dict)
-    idle_measured: bool = False  # off-CPU stacks told idle waits apart; else busy = on-CPU + waits
     busy_share: float = 0.0  # the threads' busy share, weighted by busy time
     pace: str = ""  # "cpu-bound", "partly cpu-bound", "not cpu-bound", "" when nothing ran
 
@@ -75,19 +72,20 @@ class Budget:
         """One sentence: how busy the threads were and what that means for the gains."""
         if not self.pace:
             return "No thread of the target was seen busy: no gain can be predicted."
-        how = f"The target's busy threads were busy {self.busy_share:.0%} of the time"
-        if not self.idle_measured:
-            how += " (on the CPU or waiting on locks; without off-CPU data idle time is not told apart)"
+        how = (
+            f"The target's busy threads were on the CPU or waiting on a contended lock "
+            f"{self.busy_share:.0%} of the time"
+        )
         if self.pace == "cpu-bound":
             return how + ": it is CPU-bound, so what a fix removes from them is throughput gained."
         if self.pace == "partly cpu-bound":
             return (
-                how
-                + ", the rest waiting for requests: it is partly CPU-bound, and a fix gains in proportion."
+                how + ", the rest waiting for requests or for a CPU: it is partly CPU-bound, and a "
+                "fix gains in proportion."
             )
         return (
-            how + ", the rest waiting for requests: it is not CPU-bound. The client or the network "
-            "sets its pace, and fixing what it does gains little throughput."
+            how + ", the rest waiting for requests or for a CPU: it is not CPU-bound. The client or "
+            "the network sets its pace, and fixing what it does gains little throughput."
         )
 
 
@@ -101,46 +99,27 @@ def _samples_by_thread(p: Profile) -> dict[str, int]:
     return out
 
 
-def _idle_ns(p: Profile) -> tuple[dict[str, float], bool]:
-    """Each thread's time in idle waits. Off-CPU stacks are sampled: a thread's exact
-    off-CPU total is split as its sampled stacks are; a thread without a sampled stack
-    switched out too seldom to be serving, so all of its off-CPU time counts as idle."""
-    if "offcpu" not in p.collectors and not p.offcpu.stacks:
-        return {}, False
-    idle: dict[str, float] = defaultdict(float)
-    seen: dict[str, float] = defaultdict(float)
-    for st in offcpu_stacks(p):
-        tid = str(st.tid)
-        seen[tid] += st.ns
-        if is_idle(st.frames):
-            idle[tid] += st.ns
-    out = {}
-    for tid, th in p.threads.items():
-        total = th.offcpu_ns or seen.get(tid, 0.0)
-        out[tid] = total * idle[tid] / seen[tid] if seen.get(tid) else float(total)
-    return out, True
+def _waits(p: Profile) -> dict[str, float]:
+    """Each thread's time waiting on contended locks and futexes (kvs locks and other futexes
+    apart, so that a kvs lock's futex is counted once)."""
+    out: dict[str, float] = defaultdict(float)
+    for lk in locks(p):
+        for tid, w in lk.by_thread.items():
+            out[tid] += w.wait_ns
+    return out
 
 
 def budget(p: Profile) -> Budget:
     """Every thread's time budget over the window."""
     dur, hz = seconds(p), p.hz or HZ
     samples = _samples_by_thread(p)
-    idle_ns, measured = _idle_ns(p)
-    waits: dict[str, float] = defaultdict(float)
-    for lk in p.locks:
-        for tid, w in lk.by_thread.items():
-            waits[tid] += w.wait_ns
-    out = Budget(idle_measured=measured)
+    waits = _waits(p)
+    out = Budget()
     for tid in sorted(set(p.threads) | set(samples)):
         th = p.threads.get(tid)
         on = min(1.0, samples.get(tid, 0) / hz / dur)
-        if measured:
-            idle = min(1.0, idle_ns.get(tid, 0.0) / 1e9 / dur)
-            busy = max(on, 1.0 - idle)
-        else:
-            busy = min(1.0, on + waits[tid] / 1e9 / dur)
-            idle = 1.0 - busy
-        out.threads[tid] = ThreadTime(tid, th.name if th else "", on, idle, busy)
+        busy = min(1.0, on + waits.get(tid, 0.0) / 1e9 / dur)
+        out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
         out.busy_share = sum(t.busy * t.busy for t in out.threads.values()) / total

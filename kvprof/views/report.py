@@ -60,7 +60,6 @@ def whatif_of(profile: Profile, findings: list[Finding]) -> dict[str, Any]:
         "gain_if_all_fixed": gain_if_all_fixed(profile, findings),
         "busy_share": b.busy_share,
         "pace": b.pace,
-        "idle_measured": b.idle_measured,
         "says": b.describe(),
         "threads": {tid: asdict(t) for tid, t in b.threads.items()},
     }

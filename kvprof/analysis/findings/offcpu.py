@@ -41,7 +41,7 @@ IDLE_WAITS = frozenset(
 )
 
 
-def is_idle(frames: list[str]) -> bool:
+def _is_idle(frames: list[str]) -> bool:
     return any(normalize(f) in IDLE_WAITS for f in frames)
 
 
@@ -107,7 +107,7 @@ def _blocked_findings(c: Context) -> list[Finding]:
     out: list[Finding] = []
     points: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for st in offcpu_stacks(c.p):
-        if not st.frames or is_idle(st.frames):
+        if not st.frames or _is_idle(st.frames):
             continue
         points[call_site(st.frames)][str(st.tid)] += st.ns
     for point, by_tid in points.items():
