@@ -351,13 +351,14 @@ def _findings_section(findings: list[Finding], many_sockets: bool, whatif: dict[
     if not findings:
         out.append("No contention found: no hot catalog function, contended lock or bouncing")
         out.append("cache line crossed a threshold (see docs/report.md).")
-    if counts["critical"] or counts["warning"]:
-        out += _wrap(
-            f"If fixed together, the critical and warning findings would give back about "
-            f"{whatif['gain_if_all_fixed']:+.1%} throughput (docs/findings.md). {whatif['says']}",
-            "",
-        )
-        out.append("")
+    together = (
+        f"If fixed together, the critical and warning findings would give back about "
+        f"{whatif['gain_if_all_fixed']:+.1%} throughput (docs/findings.md). "
+        if counts["critical"] or counts["warning"]
+        else ""
+    )
+    if findings:
+        out += [*_wrap(together + whatif["says"], ""), ""]
     for i, f in enumerate(findings, 1):
         if i > 1 and (f.severity != "info" or findings[i - 2].severity != "info"):
             out.append("")
