@@ -163,37 +163,21 @@ class _ElfSymbols:
 
     @classmethod
     def read(cls, path: str) -> _ElfSymbols:
-        from elftools.common.exceptions import ELFError
-        from elftools.elf.elffile import ELFFile
+        from kvprof.collect.elf import PT_LOAD, STT_FUNC, STT_OBJECT, STT_TLS, ElfFile, ProbesError
 
         syms = cls()
         try:
-            with open(path, "rb") as f:
-                elf = ELFFile(f)
-                for seg in elf.iter_segments():
-                    if seg["p_type"] == "PT_LOAD":
-                        syms.loads.append((seg["p_offset"], seg["p_vaddr"], seg["p_memsz"]))
-                seen: set[tuple[int, str]] = set()
-                for name in (".symtab", ".dynsym"):
-                    section = elf.get_section_by_name(name)
-                    if section is None or not hasattr(section, "iter_symbols"):
-                        continue
-                    for sym in section.iter_symbols():
-                        kind = sym["st_info"]["type"]
-                        if (
-                            kind not in ("STT_FUNC", "STT_OBJECT", "STT_TLS")
-                            or not sym["st_value"]
-                            or not sym.name
-                        ):
-                            continue
-                        key = (sym["st_value"], sym.name)
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                        row = (sym["st_value"], sym["st_size"], sym.name.split("@")[0])
-                        (syms.funcs if kind == "STT_FUNC" else syms.objects).append(row)
-        except (OSError, ELFError, ValueError, KeyError):
-            return cls()
+            elf = ElfFile(path)
+        except ProbesError:
+            return syms
+        syms.loads = [(seg.offset, seg.vaddr, seg.memsz) for seg in elf.segments if seg.type == PT_LOAD]
+        seen: set[tuple[int, str]] = set()
+        for table in (".symtab", ".dynsym"):
+            for value, size, name, kind in elf.symbols(table, (STT_FUNC, STT_OBJECT, STT_TLS)):
+                if not value or (value, name) in seen:
+                    continue
+                seen.add((value, name))
+                (syms.funcs if kind == STT_FUNC else syms.objects).append((value, size, name.split("@")[0]))
         syms.funcs.sort()
         syms.objects.sort()
         return syms
