@@ -26,6 +26,7 @@ from kvprof.bench import (
     scenarios,
     stats,
     table,
+    whatif,
 )
 from kvprof.bench.instructions import DEFAULT_REQUESTS
 from kvprof.bench.machine import host_metadata
@@ -106,6 +107,10 @@ def _write(suite_results: list[VariantRuns], plan: Plan, output: Path) -> list[r
 
 def _plan(o: Options, progress: TextIO) -> Plan:
     """The scenario's plan, or with --rev kvcached built at each revision (ValueError / BenchError)."""
+    if o.scenario == scenarios.WHATIF:
+        if o.against or o.revs or o.overrides.servers or o.overrides.client_changes():
+            raise ValueError("--scenario whatif chooses its own variants and load: give only -t, --runs, -d")
+        return whatif.plan(o.overrides.workers)
     if not o.revs:
         return scenarios.build(o.scenario, o.against, o.overrides)
     if o.scenario != scenarios.STUDY or o.against:
@@ -153,9 +158,15 @@ def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, 
     return out
 
 
-def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
-    """Run a server scenario (study, memcached, loadgen, keycmp, --rev); returns the exit
-    status (0, or EXIT_INTERRUPTED); BadOptions and BenchError say what stopped it."""
+def run_scenario(
+    o: Options,
+    out: TextIO = sys.stdout,
+    progress: TextIO = sys.stderr,
+    predict: whatif.Predict | None = None,
+) -> int:
+    """Run a server scenario (study, memcached, loadgen, keycmp, whatif with `predict`,
+    --rev); returns the exit status (0, or EXIT_INTERRUPTED); BadOptions and BenchError
+    say what stopped it."""
     try:
         plan = _plan(o, progress)
     except ValueError as e:  # the scenarios' and revisions' checks of the options
@@ -174,8 +185,13 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     )
     host = host_line()
     interrupted = False
+    recorder = None
+    if plan.scenario == scenarios.WHATIF:
+        if predict is None:
+            raise BadOptions("--scenario whatif needs kvprof's model: run it as `kvprof bench`")
+        recorder = whatif.Recorder(predict, keep=output)
     try:
-        done = run_plan(plan, o.runs, duration, o.warmup, progress, o.wait_idle)
+        done = run_plan(plan, o.runs, duration, o.warmup, progress, o.wait_idle, recorder)
     except Interrupted as e:
         done = [r for r in e.results if r.runs]
         interrupted = True
@@ -191,6 +207,10 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     ]
     lines = table.render_bench(measured, title=[w for t in title for w in table.wrap(t)])
     lines += _targets(plan, measured)
+    if recorder is not None:
+        ops = {m.name: m.ops for m in measured}
+        for g in plan.groups:
+            lines += ["", *whatif.render(g.variants, ops, recorder)]
     lines += _history(o, plan, _timed_figures(measured))
     lines.append(f"wrote {output} (pyperf JSON)")
     print("\n".join(lines), file=out, flush=True)
@@ -281,9 +301,9 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def run(o: Options) -> int:
+def run(o: Options, predict: whatif.Predict | None = None) -> int:
     if o.scenario == scenarios.ATOMICS:
         if o.against or o.overrides.servers or o.overrides.client_changes() or o.revs or o.instructions:
             raise BadOptions("--scenario atomics takes only -t, --runs, --duration, -o")
         return run_atomics(o)
-    return run_scenario(o)
+    return run_scenario(o, predict=predict)

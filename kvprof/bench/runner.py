@@ -21,6 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
@@ -145,9 +146,10 @@ def _die_with_parent() -> None:
 class Bench:
     """Owns a plan's servers; `run()` does the rounds. Use as a context manager."""
 
-    def __init__(self, plan: Plan, progress: TextIO) -> None:
+    def __init__(self, plan: Plan, progress: TextIO, before: Callable[[Bench], None] | None = None) -> None:
         self.plan = plan
         self.progress = progress
+        self.before = before  # called once the servers are up and populated
         self.servers: dict[ServerConfig, Server] = {}
         self.failed = False
         tools = {v.client.tool for v in plan.variants}
@@ -305,11 +307,14 @@ class Bench:
             vr.runs.append(merge(parts[i]))
 
     def run(self, runs: int, duration: float, warmup: float, wait_idle: bool = False) -> list[VariantRuns]:
-        """Start, populate, warm up, then `runs` interleaved rounds; Interrupted keeps complete rounds."""
+        """Start, populate, `self.before` (the servers up), warm up, then `runs` interleaved
+        rounds; Interrupted keeps complete rounds."""
         results: list[VariantRuns] = []
         with stop_on_signals(signal.SIGHUP):  # SIGTERM and SIGHUP stop it as Ctrl-C does
             try:
                 self.start()
+                if self.before is not None:
+                    self.before(self)
                 for v in self.plan.variants:
                     server = self.servers[v.server]
                     version = server.stats().get("version", "?")
@@ -335,11 +340,18 @@ class Bench:
 
 
 def run_plan(
-    plan: Plan, runs: int, duration: float, warmup: float, progress: TextIO, wait_idle: bool = False
+    plan: Plan,
+    runs: int,
+    duration: float,
+    warmup: float,
+    progress: TextIO,
+    wait_idle: bool = False,
+    before: Callable[[Bench], None] | None = None,
 ) -> list[VariantRuns]:
-    """Run a plan start to end; every server is stopped whatever happens."""
+    """Run a plan start to end (`before`: once the servers are up); every server is
+    stopped whatever happens."""
     started = time.monotonic()
-    with Bench(plan, progress) as bench:
+    with Bench(plan, progress, before) as bench:
         results = bench.run(runs, duration, warmup, wait_idle)
     bench.say(f"done in {time.monotonic() - started:.0f} s")
     return results

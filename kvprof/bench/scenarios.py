@@ -36,7 +36,8 @@ MEMCACHED = "memcached"
 LOADGEN = "loadgen"
 ATOMICS = "atomics"
 KEYCMP = "keycmp"
-SCENARIOS = (STUDY, LOADGEN, ATOMICS, KEYCMP)  # MEMCACHED is reached with --against memcached
+WHATIF = "whatif"  # kvprof.bench.whatif
+SCENARIOS = (STUDY, LOADGEN, ATOMICS, KEYCMP, WHATIF)  # MEMCACHED: --against memcached
 
 STUDY_SERVERS = ("baseline", "baseline+topkeys", "fixed")
 MEMCACHED_SERVERS = ("memcached", "fixed")  # memcached first: the ratio is kvcached / memcached

@@ -12,7 +12,7 @@ from kvprof.commands import options as options_of
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
-SCENARIOS = ("study", "loadgen", "atomics", "keycmp")
+SCENARIOS = ("study", "loadgen", "atomics", "keycmp", "whatif")
 
 HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
 
@@ -25,6 +25,7 @@ examples:
   kvprof bench -t 2 --variants baseline,baseline+topkeys,fixed+item-counter,fixed
   kvprof bench -t 2 --variants fixed --connections 2,4,8  # client settings
   kvprof bench --scenario keycmp      # key comparison inlined vs through a pointer
+  kvprof bench --scenario whatif      # each fix's predicted gain vs the fix itself (root)
   kvprof bench --scenario keycmp --instructions   # instructions/op under cachegrind
   kvprof bench --rev HEAD~1 --rev HEAD --history bench-history.jsonl
   kvprof bench --runs 10 --duration 5 -o before.json
@@ -182,4 +183,9 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if args.requests and not args.instructions:
         return fail("bench", "--requests goes with --instructions")
+    if args.scenario == "whatif":
+        from kvprof.analysis.findings import find
+        from kvprof.analysis.whatif import predict
+
+        return command.run(opts, lambda p, fixes: predict(p, find(p), fixes))
     return command.run(opts)

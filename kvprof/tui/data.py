@@ -27,6 +27,7 @@ from kvprof.analysis.hotspots import label, match_function, match_lock
 from kvprof.analysis.lines import kind, line_table
 from kvprof.analysis.rows import LockRow, RequestRow, SiteRow, SiteThreadRow, ThreadRow
 from kvprof.analysis.tables import cpu_share, socket_matrix
+from kvprof.analysis.whatif import GAIN_KEY, modelled
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.delta import delta
 from kvprof.model.profile import Finding, Profile, Window
@@ -290,6 +291,12 @@ class FindingRow:
     summary: str
     explanation: str
     advice: str
+    gain: str = "-"  # "if fixed": the throughput fixing it gives back, "-" when the model has no fix
+
+
+def gain_cell(f: Finding) -> str:
+    """A finding's gain if fixed, `+1.2%`; `-` when the model has no fix for it."""
+    return f"{f.cost[GAIN_KEY]:+.1%}" if modelled(f) and GAIN_KEY in f.cost else "-"
 
 
 def cost_line(f: Finding) -> str:
@@ -338,7 +345,8 @@ def finding_rows(frame: Frame) -> list[FindingRow]:
     out = []
     for f in frame.findings:
         named = (f.id, f.severity, f.category, f.where, f.title)
-        out.append(FindingRow(*named, cost_line(f), bool(f.hotspot), summary(f), f.explanation, f.advice))
+        words = (summary(f), f.explanation, f.advice)
+        out.append(FindingRow(*named, cost_line(f), bool(f.hotspot), *words, gain_cell(f)))
     return out
 
 

@@ -182,7 +182,7 @@ class OverviewPanel(Panel):
             yield Line(id="ov-info")
             yield Line(id="ov-cpu")
         yield Sparkline([], id="ov-spark")
-        yield new_table("ov-findings", [("", "sev"), ("finding — cost", "cost")])
+        yield new_table("ov-findings", [("", "sev"), ("if fixed", "gain"), ("finding — cost", "cost")])
         with VerticalScroll(id="ov-detail-box"):
             yield Line(id="ov-detail")
 
@@ -229,7 +229,7 @@ class OverviewPanel(Panel):
 
         self.rows = {r.id: r for r in data.finding_rows(frame)}
         table = self.query_one("#ov-findings", DataTable)
-        avail = max(20, self.app.size.width - 14)  # the severity column, padding, scrollbar
+        avail = max(20, self.app.size.width - 24)  # the severity and gain columns, padding, scrollbar
         out = []
         for r in self.rows.values():
             if not matches(needle, (r.cost, r.title, r.where, r.severity)):
@@ -239,7 +239,8 @@ class OverviewPanel(Panel):
             head, sep, tail = fit(r.cost, avail).partition(" — ")
             cost.append(("★ " if r.hotspot else "  ") + head, HOT if r.hotspot else "bold")
             cost.append(sep + tail)
-            out.append((r.id, [sev, cost]))
+            gain = Text(r.gain.rjust(8), "bold green" if r.gain not in ("-", "+0.0%") else "dim")
+            out.append((r.id, [sev, gain, cost]))
         fill(table, out)
         self.show_detail()
 

@@ -24,6 +24,9 @@ Labels:
   (TopFunctions).
 - `lock`, `site`, `opcode`: names the server defines (bounded by its code);
   `--max-labels` caps them anyway, and threads, with the rest in `other`.
+- `finding`: a finding's id (`lock:topkeys`, `cacheline:collect_timings`,
+  `futex:0x...`), capped the same way; its gauge is the throughput fixing it
+  would give back, from the session so far (kvprof.analysis.whatif).
 
 Cardinality is therefore at most threads x (top + 1) for the function
 series and threads x locks (or sites) for the others.
@@ -42,8 +45,10 @@ from prometheus_client.core import (
     Metric,
 )
 
+from kvprof.analysis.findings import find
 from kvprof.analysis.lines import LINE, line_table
 from kvprof.analysis.tables import functions, locks, transfers_matrix
+from kvprof.analysis.whatif import GAIN_KEY, gain_if_all_fixed, modelled
 from kvprof.model.histogram import hist_sum_estimate
 from kvprof.model.profile import CacheLineStat, Profile
 from kvprof.model.topology import Topology
@@ -216,6 +221,16 @@ METRICS: dict[str, tuple[str, str, T]] = {
         "_sum is estimated from the log2 buckets",
         ("opcode",),
     ),
+    "finding_gain_if_fixed": (
+        "gauge",
+        "Throughput fixing the finding would give back (0.12: +12 %), kvprof's model (docs/findings.md)",
+        ("finding",),
+    ),
+    "gain_if_all_fixed": (
+        "gauge",
+        "Throughput fixing the critical and warning findings together gives back",
+        (),
+    ),
     "probe_sample_ratio": ("gauge", "The server fires this probe for 1 in N events", ("probe",)),
     "collector_up": ("gauge", "1 when the collector is attached, 0 when it is not (yet)", ("collector",)),
     "collector_dropped_total": (
@@ -303,6 +318,7 @@ class Labeler:
         self.locks = Capped(max_labels)
         self.sites = Capped(max_labels)
         self.lines = Capped(max_labels)  # data symbols of sampled lines
+        self.findings = Capped(max_labels)  # finding ids
         self.functions = TopFunctions(top)
         self.sockets: dict[str, str] = {}  # tid -> socket, pinned when first seen
         self.names: dict[str, str] = {}  # tid -> name, pinned when first seen
@@ -357,6 +373,7 @@ def profile_metrics(profile: Profile, lab: Labeler) -> Families:
             fam.histogram(
                 "request_duration_seconds", (opcode,), rs.hist_log2_ns, hist_sum_estimate(rs.hist_log2_ns)
             )
+    _gains(profile, lab, fam)
     fam.add("probe_sample_ratio", {(probe,): n for probe, n in profile.status.sample_rates.items()})
     fam.add("collector_up", {(n,): float(s.startswith("ok")) for n, s in profile.status.collectors.items()})
     dropped: dict[T, float] = {}
@@ -370,6 +387,19 @@ def profile_metrics(profile: Profile, lab: Labeler) -> Families:
     fam.add("collector_dropped_total", dropped)
     fam.add("collector_events_total", events)
     return fam
+
+
+def _gains(profile: Profile, lab: Labeler, fam: Families) -> None:
+    """Each contention finding's gain if fixed, and all of the worth-fixing ones together."""
+    findings = find(profile)
+    modelled_ones = [f for f in findings if modelled(f)]
+    lab.findings.admit((f.id, round(f.cost.get(GAIN_KEY, 0.0) * 1e6)) for f in modelled_ones)
+    gains: dict[T, float] = {}
+    for f in modelled_ones:
+        key = (lab.findings.label(f.id),)
+        gains[key] = max(gains.get(key, 0.0), f.cost.get(GAIN_KEY, 0.0))
+    fam.add("finding_gain_if_fixed", gains)
+    fam.add("gain_if_all_fixed", gain_if_all_fixed(profile, findings))
 
 
 def _cpu(profile: Profile, lab: Labeler, fam: Families) -> None:

@@ -32,6 +32,7 @@ from kvprof.analysis.rows import (
     thread_rows,
 )
 from kvprof.analysis.tables import LINE_PROBE, THREAD_ROWS, THREADS_NAMED, sample_rate, socket_matrix
+from kvprof.analysis.whatif import annotate, budget, gain_if_all_fixed
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
@@ -48,10 +49,24 @@ COUNTER_ADVICE = {
 
 
 def findings_of(profile: Profile) -> list[Finding]:
-    """The profile's findings, computed now when the recording did not store any."""
+    """The profile's findings, computed now when the recording did not store any (and
+    their gains, when it stored findings without them)."""
     if profile.findings:
-        return sorted(profile.findings, key=rank_key)
+        return annotate(profile, sorted(profile.findings, key=rank_key))
     return find(profile)
+
+
+def whatif_of(profile: Profile, findings: list[Finding]) -> dict[str, Any]:
+    """What fixing the critical and warning findings together gives back, and the threads'
+    time budget it comes from (kvprof.analysis.whatif)."""
+    b = budget(profile)
+    return {
+        "gain_if_all_fixed": gain_if_all_fixed(profile, findings),
+        "busy_share": b.busy_share,
+        "pace": b.pace,
+        "says": b.describe(),
+        "threads": {tid: asdict(t) for tid, t in b.threads.items()},
+    }
 
 
 def top_functions(profile: Profile, n: int) -> list[FunctionRow]:
@@ -101,6 +116,7 @@ def warnings_of(profile: Profile) -> list[str]:
 def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
     """Findings and tables as one JSON-able object."""
     findings = findings_of(profile)
+    whatif = whatif_of(profile, findings)
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
@@ -114,6 +130,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         **({"notes": list(profile.status.notes)} if profile.status.notes else {}),
         "sample_rates": dict(profile.status.sample_rates),
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
+        "gain_if_all_fixed": whatif["gain_if_all_fixed"],
+        "whatif": whatif,
         "tables": {
             "functions": [asdict(r) for r in top_functions(profile, top)],
             "locks": [_fields("locks", r) for r in lock_rows(profile)],
@@ -338,7 +356,7 @@ def _sampled_lines(profile: Profile, top: int) -> list[str]:
     return out
 
 
-def _findings_section(findings: list[Finding], many_sockets: bool) -> list[str]:
+def _findings_section(findings: list[Finding], many_sockets: bool, whatif: dict[str, Any]) -> list[str]:
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("critical", "warning", "info")}
     out = _section(
         f"FINDINGS: {counts['critical']} critical, {counts['warning']} warning, "
@@ -347,6 +365,14 @@ def _findings_section(findings: list[Finding], many_sockets: bool) -> list[str]:
     if not findings:
         out.append("No contention found: no hot catalog function, contended lock or bouncing")
         out.append("cache line crossed a threshold (see docs/report.md).")
+    together = (
+        f"If fixed together, the critical and warning findings would give back about "
+        f"{whatif['gain_if_all_fixed']:+.1%} throughput (docs/findings.md). "
+        if counts["critical"] or counts["warning"]
+        else ""
+    )
+    if findings:
+        out += [*_wrap(together + whatif["says"], ""), ""]
     for i, f in enumerate(findings, 1):
         if i > 1 and (f.severity != "info" or findings[i - 2].severity != "info"):
             out.append("")
@@ -482,9 +508,10 @@ def render_text(profile: Profile, top: int = 15) -> str:
     sockets = {p.get("socket", 0) for p in profile.host.topology.values()}
     matrix = socket_matrix(profile)
     many_sockets = len(sockets) > 1 or len(matrix) > 1
+    findings = findings_of(profile)
     out = [
         *_header(profile),
-        *_findings_section(findings_of(profile), many_sockets),
+        *_findings_section(findings, many_sockets, whatif_of(profile, findings)),
         *_functions_section(profile, top),
         *_locks_section(profile),
         *_lines_section(profile, top, matrix, many_sockets),

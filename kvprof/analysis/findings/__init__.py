@@ -20,7 +20,8 @@ N (`profile.status.sample_rates["atomic__sample"]`, kvcached's
 finding says so. The lock probe says how many waits each event stands for,
 and the locks program counts it that many times. A finding whose collector
 cost the target more than a tenth of what it reports is flagged
-(`probe_effect`).
+(`probe_effect`). Each finding's `cost["gain_if_fixed"]` is the throughput
+fixing it would give back (kvprof.analysis.whatif).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kvprof.analysis.findings.probe_effect import flag_probe_effect
 from kvprof.analysis.findings.sites import site_findings
 from kvprof.analysis.findings.summary import summary
 from kvprof.analysis.lines import line_findings
+from kvprof.analysis.whatif import annotate
 from kvprof.model.profile import Finding, Profile
 
 __all__ = ["THRESHOLDS", "Thresholds", "find", "rank_key", "summary"]
@@ -48,4 +50,5 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
         *cpu_findings(c),
         *offcpu_findings(c),
     ]
-    return sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key)
+    ranked = sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key)
+    return annotate(profile, ranked)

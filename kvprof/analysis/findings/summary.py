@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvprof.analysis.whatif import GAIN_KEY, modelled
 from kvprof.model.profile import Finding
 
 
@@ -21,7 +22,15 @@ def _cpu_note(f: Finding) -> str:
 
 
 def summary(f: Finding) -> str:
-    """The finding's measurements in one or two plain sentences ("how much")."""
+    """The finding's measurements in one or two plain sentences ("how much"), then what
+    fixing it would give back."""
+    s = _measured(f)
+    if modelled(f) and GAIN_KEY in f.cost:
+        s += f" Fixing it would give back about {f.cost[GAIN_KEY]:+.1%} throughput."
+    return s
+
+
+def _measured(f: Finding) -> str:
     k = f.cost
     if f.category == "lock":
         threads = int(k.get("threads", 0))

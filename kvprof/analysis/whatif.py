@@ -1,0 +1,274 @@
+"""What each fix is worth: the throughput a finding would give back if it were fixed.
+
+For every thread of the target the window is a time budget: busy (on the
+CPU, or waiting on a contended lock or futex: serving) or not (waiting for
+requests, for a CPU another process holds, for I/O). A fix removes part of
+a thread's busy time, `removed`: the time it waited for a contended lock or
+futex, the CPU it spent in the machinery only a contended lock runs at that
+call site (the futex calls, the wake-up an unlock owes a sleeper), the CPU
+of a function whose shared cache line bounced, or the CPU samples stalled
+on an atomic write to a contended line. A per-thread design still does the
+work itself; only that excess goes.
+
+A thread that is always busy serves 1 / (1 - r) times as fast when a fix
+removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
+what it gains. A thread busy a share `b` of the time is the bottleneck only
+while busy: the rest of the time the client, the network or another process
+has the requests or the CPU, and a shorter service time does not bring them
+sooner. So its gain is b x r / (1 - r): all of it when b = 1, about nothing
+when it mostly waits. The target's gain is the mean of its threads' gains
+weighted by their busy time (the work each serves). Several fixes remove the
+sum of their times from each thread before the formula is applied, so gains
+compound rather than add.
+
+Time kvprof's own probes spent in the target (samples in the kernel's uprobe
+handling) is left out of what a fix removes: the unprofiled target never
+spends it. docs/findings.md has the model, its assumptions and how it
+compares with the real fixes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from kvprof.analysis.findings.common import THRESHOLDS
+from kvprof.analysis.hotspots import normalize
+from kvprof.analysis.tables import locks, seconds
+from kvprof.model.profile import HZ, Finding, Profile
+
+GAIN_KEY = "gain_if_fixed"  # in each finding's cost: 0.12 for +12 % throughput
+REMOVED_KEY = "removed_share"  # in each finding's cost: the busiest thread's share the fix removes
+COUNTED = ("critical", "warning")  # the severities gain_if_all_fixed takes together
+CPU_BOUND = 0.8  # the threads' busy share from which the target is CPU-bound
+NOT_BOUND = 0.5  # and under which it is not: its threads wait more than they serve
+# the lock machinery that runs only when a lock is contended: the futex calls and the
+# wake-up an unlock owes a sleeper (a trylock's miss can be a cold line, contended or not)
+CONTENDED_FRAMES = ("futex", "lll_lock_wake", "lll_unlock_wake")
+WAITING = ("lock_wait", "futex_wait")  # inside a blocking wait: already in the wait time
+OWN_PROBES = ("uprobe", "int3")  # the kernel handling kvprof's uprobes
+
+
+@dataclass
+class ThreadTime:
+    """One thread's window as shares of the wall time."""
+
+    tid: str
+    name: str
+    on_cpu: float
+    busy: float  # on the CPU or waiting on a contended lock; the rest it waited for something else
+
+
+@dataclass
+class Budget:
+    """The target's threads' time, and what sets its pace."""
+
+    threads: dict[str, ThreadTime] = field(default_factory=dict)
+    busy_share: float = 0.0  # the threads' busy share, weighted by busy time
+    pace: str = ""  # "cpu-bound", "partly cpu-bound", "not cpu-bound", "" when nothing ran
+
+    def describe(self) -> str:
+        """One sentence: how busy the threads were and what that means for the gains."""
+        if not self.pace:
+            return "No thread of the target was seen busy: no gain can be predicted."
+        how = (
+            f"The target's busy threads were on the CPU or waiting on a contended lock "
+            f"{self.busy_share:.0%} of the time"
+        )
+        if self.pace == "cpu-bound":
+            return how + ": it is CPU-bound, so what a fix removes from them is throughput gained."
+        if self.pace == "partly cpu-bound":
+            return (
+                how + ", the rest waiting for requests or for a CPU: it is partly CPU-bound, and a "
+                "fix gains in proportion."
+            )
+        return (
+            how + ", the rest waiting for requests or for a CPU: it is not CPU-bound. The client or "
+            "the network sets its pace, and fixing what it does gains little throughput."
+        )
+
+
+def _samples_by_thread(p: Profile) -> dict[str, int]:
+    """Each thread's on-CPU samples: its stacks', its own count's, or the sampled registers'."""
+    out: dict[str, int] = defaultdict(int)
+    for s in p.oncpu:
+        out[str(s.tid)] += s.count
+    for tid, th in p.threads.items():
+        out[tid] = max(out[tid], th.cpu_samples, p.addresses.thread_samples.get(tid, 0))
+    return out
+
+
+def _waits(p: Profile) -> dict[str, float]:
+    """Each thread's time waiting on contended locks and futexes (kvs locks and other futexes
+    apart, so that a kvs lock's futex is counted once)."""
+    out: dict[str, float] = defaultdict(float)
+    for lk in locks(p):
+        for tid, w in lk.by_thread.items():
+            out[tid] += w.wait_ns
+    return out
+
+
+def budget(p: Profile) -> Budget:
+    """Every thread's time budget over the window."""
+    dur, hz = seconds(p), p.hz or HZ
+    samples = _samples_by_thread(p)
+    waits = _waits(p)
+    out = Budget()
+    for tid in sorted(set(p.threads) | set(samples)):
+        th = p.threads.get(tid)
+        on = min(1.0, samples.get(tid, 0) / hz / dur)
+        busy = min(1.0, on + waits.get(tid, 0.0) / 1e9 / dur)
+        out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
+    total = sum(t.busy for t in out.threads.values())
+    if total > 0:
+        out.busy_share = sum(t.busy * t.busy for t in out.threads.values()) / total
+        out.pace = (
+            "cpu-bound"
+            if out.busy_share >= CPU_BOUND
+            else "partly cpu-bound"
+            if out.busy_share >= NOT_BOUND
+            else "not cpu-bound"
+        )
+    return out
+
+
+def gain(b: Budget, removed: dict[str, float]) -> float:
+    """The throughput gained when `removed` (tid -> share of the wall time) goes from each thread."""
+    total = sum(t.busy for t in b.threads.values())
+    if total <= 0:
+        return 0.0
+    out = 0.0
+    for tid, r in removed.items():
+        t = b.threads.get(tid)
+        if t is None or r <= 0 or t.busy <= 0:
+            continue
+        r = min(r, 0.95 * t.busy)  # a fix cannot take all of a thread's work away
+        out += t.busy / total * t.busy * r / (1.0 - r)
+    return out
+
+
+# ---- what a fix removes -------------------------------------------------------------
+
+
+def _frames(frames: list[str]) -> list[str]:
+    return [normalize(f) for f in frames]
+
+
+def _contended_only(name: str) -> bool:
+    return any(c in name for c in CONTENDED_FRAMES)
+
+
+class Stacks:
+    """The on-CPU stacks, normalized once, without the samples of kvprof's own probes."""
+
+    def __init__(self, p: Profile) -> None:
+        self.per_s = 1.0 / (p.hz or HZ) / seconds(p)
+        self.stacks = []
+        for s in p.oncpu:
+            names = _frames(s.frames)
+            if any(own in n for n in names for own in OWN_PROBES):
+                continue
+            self.stacks.append((str(s.tid), set(names), names, s.count))
+
+    def cpu(self, sites: list[str], lock_only: bool) -> dict[str, float]:
+        """Per thread, the share of the window on the CPU with one of `sites` on the stack
+        (`lock_only`: in the machinery of a contended lock there, outside a blocking wait)."""
+        want = set(sites)
+        out: dict[str, float] = defaultdict(float)
+        for tid, names, ordered, count in self.stacks:
+            if not want & names:
+                continue
+            if lock_only and (
+                not any(_contended_only(n) for n in ordered) or any(w in n for n in ordered for w in WAITING)
+            ):
+                continue
+            out[tid] += count * self.per_s
+        return out
+
+
+def modelled(f: Finding) -> bool:
+    """Whether the model has a fix for `f`: a contended lock or futex, or a shared cache
+    line. CPU in a function and blocking off the CPU are work, not contention: 0."""
+    return f.category in ("lock", "cacheline") or f.id.startswith("futex:")
+
+
+def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
+    """Per thread, the share of the wall time fixing `f` would remove."""
+    out: dict[str, float] = defaultdict(float)
+    if f.category == "lock" or f.id.startswith("futex:"):
+        for tid, row in f.per_thread.items():
+            out[tid] += row.get("wait_share", 0.0)
+        for tid, share in stacks.cpu(f.sites, lock_only=True).items():
+            out[tid] += share
+    elif f.id.startswith("sampled-line:"):
+        hz, dur = p.hz or HZ, seconds(p)
+        for tid, row in f.per_thread.items():
+            out[tid] += row.get("samples", 0.0) / hz / dur
+    elif f.category == "cacheline" and f.cost.get("writers", 2.0) != 1.0:
+        # the CPU samples in the function see the stall. Without them, each transfer stalls
+        # the writer for a round trip; but only an unsampled probe counts transfers between
+        # consecutive updates: a sampled one's are between sampled updates, N updates apart,
+        # and say that the line moved at some point in between, not how often.
+        if p.oncpu:
+            out.update(stacks.cpu(f.sites or [f.where], lock_only=False))
+        elif f.cost.get("sample_rate", 1.0) <= 1.0:
+            for tid, row in f.per_thread.items():
+                out[tid] = row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
+    return dict(out)
+
+
+def annotate(p: Profile, findings: list[Finding]) -> list[Finding]:
+    """`findings`, each with cost["gain_if_fixed"] and cost["removed_share"] (kept when present)."""
+    b: Budget | None = None
+    stacks: Stacks | None = None
+    for f in findings:
+        if GAIN_KEY in f.cost:
+            continue
+        if b is None or stacks is None:
+            b, stacks = budget(p), Stacks(p)
+        r = removed(p, f, stacks)
+        f.cost[GAIN_KEY] = gain(b, r)
+        f.cost[REMOVED_KEY] = max(r.values(), default=0.0)
+    return findings
+
+
+def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
+    """The gain of fixing `findings` together: their removed times summed per thread."""
+    b, stacks = budget(p), Stacks(p)
+    total: dict[str, float] = defaultdict(float)
+    for f in findings:
+        for tid, r in removed(p, f, stacks).items():
+            total[tid] += r
+    return gain(b, total)
+
+
+def gain_if_all_fixed(p: Profile, findings: list[Finding]) -> float:
+    """The gain of fixing every critical and warning finding together."""
+    return gain_if_fixed(p, [f for f in findings if f.severity in COUNTED])
+
+
+@dataclass
+class Prediction:
+    """What the model says of one profile, for a benchmark to check against the fixes."""
+
+    gains: dict[str, float]  # fix -> the gain of its findings together
+    largest: float  # the largest single finding's gain
+    largest_id: str
+    busy_share: float
+    pace: str
+
+
+def predict(p: Profile, findings: list[Finding], fixes: Mapping[str, Collection[str]]) -> Prediction:
+    """The gain of each fix, a fix being the catalog entries (hotspot ids) it removes."""
+    b = budget(p)
+    top = max(findings, key=lambda f: f.cost.get(GAIN_KEY, 0.0), default=None)
+    return Prediction(
+        gains={
+            fix: gain_if_fixed(p, [f for f in findings if f.hotspot in ids]) for fix, ids in fixes.items()
+        },
+        largest=top.cost.get(GAIN_KEY, 0.0) if top is not None else 0.0,
+        largest_id=top.id if top is not None else "",
+        busy_share=b.busy_share,
+        pace=b.pace,
+    )

@@ -1,0 +1,249 @@
+"""What each fix is worth (kvprof.analysis.whatif): the model on hand-made profiles
+(wait-bound, stall-bound, idle), the views that carry it, the bench's check of it,
+and on a real kvcached the sign and order of its predictions (BPF).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import exposition, kvload, kvprof, record
+
+from kvprof.analysis import find
+from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, predict
+from kvprof.bench import whatif as bench_whatif
+from kvprof.bench.variants import SITES
+from kvprof.model.profile import (
+    AddressSample,
+    CpuStack,
+    LockStack,
+    LockStat,
+    OffCpu,
+    OffCpuStack,
+    Profile,
+    SampledAddresses,
+    Target,
+    ThreadInfo,
+    ThreadWaits,
+    Window,
+)
+from kvprof.model.topology import Topology
+from kvprof.system.servers import Server
+from kvprof.views.metrics import Labeler, profile_metrics
+
+HZ, DUR = 100, 10.0
+T0, T1 = "101", "102"
+FULL = int(HZ * DUR)  # the on-CPU samples of a thread that ran the whole window
+EPOLL = ["start_thread", "worker_main", "epoll_wait", "do_epoll_wait_[k]", "schedule_[k]"]
+SERVE = ["start_thread", "worker_main", "serve"]
+
+
+def _profile(on_cpu: float, idle: float, wait: float = 0.0, **extra: object) -> Profile:
+    """Two worker threads, each `on_cpu` of the window on the CPU (in `serve`), `idle` of it
+    waiting for work in epoll_wait, and `wait` of it waiting on the lock `biglock` in `bump`."""
+    ns = round(DUR * 1e9)
+    threads, stacks, off, by_thread = {}, [], [], {}
+    for tid in (T0, T1):
+        samples = round(on_cpu * FULL)
+        idle_ns, wait_ns = round(idle * ns), round(wait * ns)
+        threads[tid] = ThreadInfo(name=f"worker-{tid}", cpu_samples=samples, offcpu_ns=idle_ns + wait_ns)
+        stacks.append(CpuStack(int(tid), SERVE, samples))
+        if idle_ns:
+            off.append(OffCpuStack(int(tid), EPOLL, idle_ns))
+        if wait_ns:
+            off.append(OffCpuStack(int(tid), ["start_thread", "bump", "futex_wait_[k]"], wait_ns))
+            by_thread[tid] = ThreadWaits(waits=1000, wait_ns=wait_ns)
+    locks = []
+    if by_thread:
+        total = sum(w.wait_ns for w in by_thread.values())
+        stack = LockStack(["start_thread", "worker_main", "bump", "kv_lock"], 2000, total)
+        locks = [LockStat("biglock", 0x1000, 2000, total, 1_000_000, [], by_thread, [stack])]
+    return Profile(
+        target=Target(pid=100, comm="server", kvs_probes=True),
+        window=Window(start=1.8e9, duration_s=DUR),
+        hz=HZ,
+        collectors=["oncpu", "offcpu", "locks"],
+        threads=threads,
+        oncpu=stacks,
+        offcpu=OffCpu(stacks=off),
+        locks=locks,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _lock_gain(p: Profile) -> float:
+    return next(f for f in find(p) if f.id == "lock:biglock").cost[GAIN_KEY]
+
+
+def test_wait_bound_threads_gain_what_the_wait_takes() -> None:
+    """Two threads never idle, 30 % of their time waiting on one lock: fixing it makes
+    them 1 / 0.7 as fast (+43 %), and the target is called CPU-bound."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3)
+    assert _lock_gain(p) == pytest.approx(0.3 / 0.7, rel=0.02)
+    b = budget(p)
+    assert b.pace == "cpu-bound" and b.busy_share == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_idle_share_scales_the_gain_down() -> None:
+    """The same wait in threads idle half the time gains less: they set the pace only while busy."""
+    busy = _lock_gain(_profile(on_cpu=0.7, idle=0.0, wait=0.3))
+    half_idle = _lock_gain(_profile(on_cpu=0.2, idle=0.5, wait=0.3))
+    assert 0 < half_idle < busy
+
+
+def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Path) -> None:
+    """Threads waiting for requests 95 % of the time with a small lock wait: the gain is
+    about 0 and the report says the server is not CPU-bound."""
+    p = _profile(on_cpu=0.04, idle=0.95, wait=0.01)
+    assert 0 < _lock_gain(p) < 0.005
+    assert budget(p).pace == "not cpu-bound"
+    path = tmp_path / "idle.json"
+    p.save(path)
+    text = kvprof("report", str(path))
+    assert text.returncode == 0, text.stderr
+    assert "it is not CPU-bound" in " ".join(text.stdout.split())
+
+
+def _stalled(share: float) -> Profile:
+    """Two threads always on the CPU, `share` of their samples stalled on atomic writes to one line."""
+    p = _profile(on_cpu=1.0, idle=0.0)
+    p.collectors.append("regsample")
+    n = round(share * FULL)
+    p.addresses = SampledAddresses(
+        samples=[
+            AddressSample(int(t), i, 0x5000, 0x401000, "bump", "lock add qword ptr [rip], 1", "hits", 8, n)
+            for i, t in enumerate((T0, T1))
+        ],
+        thread_samples={T0: FULL, T1: FULL},
+        user_samples=2 * FULL,
+    )
+    return p
+
+
+def test_stall_bound_threads_gain_what_the_stall_takes() -> None:
+    """Half of two busy threads' samples stalled on one shared atomic: fixing it doubles them."""
+    f = next(f for f in find(_stalled(0.5)) if f.id.startswith("sampled-line:"))
+    assert f.cost[GAIN_KEY] == pytest.approx(1.0, rel=0.02)
+
+
+def test_fixes_together_compound_rather_than_add() -> None:
+    """A lock wait and a line stall in the same threads: fixing both gains more than the sum."""
+    p = _stalled(0.2)
+    p.locks = _profile(on_cpu=0.8, idle=0.0, wait=0.2).locks
+    findings = find(p)
+    each = [f.cost[GAIN_KEY] for f in findings if f.cost[GAIN_KEY] > 0]
+    assert len(each) == 2
+    assert gain_if_all_fixed(p, findings) > sum(each)
+
+
+def test_cpu_work_and_kvprofs_own_probes_are_not_a_fix() -> None:
+    """A hot function is work (no gain); samples in the kernel's uprobe handling are kvprof's
+    own and leave what a fix removes unchanged."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3)
+    hot = next(f for f in find(p) if f.category == "cpu")
+    assert hot.cost[GAIN_KEY] == 0.0
+    before = _lock_gain(p)
+    own = ["start_thread", "bump", "uprobe_dispatcher_[k]", "futex_wake_[k]"]
+    p.oncpu.append(CpuStack(int(T0), own, 300))
+    assert _lock_gain(p) == pytest.approx(before)
+
+
+def test_report_json_carries_the_gains(tmp_path: Path) -> None:
+    """`report --json`: every finding's cost.gain_if_fixed, the top-level gain_if_all_fixed,
+    and the budget it comes from."""
+    path = tmp_path / "wait.json"
+    _profile(on_cpu=0.7, idle=0.0, wait=0.3).save(path)
+    r = kvprof("report", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert all(GAIN_KEY in f["cost"] for f in d["findings"])
+    lock = next(f for f in d["findings"] if f["id"] == "lock:biglock")
+    assert d["gain_if_all_fixed"] >= lock["cost"][GAIN_KEY] > 0.3
+    assert d["whatif"]["pace"] == "cpu-bound" and set(d["whatif"]["threads"]) == {T0, T1}
+
+
+def test_exporter_serves_a_gauge_per_finding() -> None:
+    """The exporter's families hold each contention finding's gain and the all-fixed one."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3)
+    got = exposition(profile_metrics(p, Labeler(Topology.read())))
+    gains = {s.labels["finding"]: s.value for s in got["kvprof_finding_gain_if_fixed"]}
+    assert gains["lock:biglock"] == pytest.approx(0.3 / 0.7, rel=0.02)
+    assert got["kvprof_gain_if_all_fixed"][0].value >= gains["lock:biglock"]
+
+
+# ---- the bench's check -----------------------------------------------------------------
+
+
+def test_whatif_plan_runs_each_site_alone_then_all() -> None:
+    """baseline first (the reference), each site's fix alone, fixed last, under the demo's load."""
+    (group,) = bench_whatif.plan().groups
+    names = [v.name for v in group.variants]
+    assert names[0] == "baseline t=2" and names[-1] == "fixed t=2"
+    assert [bench_whatif.fix_of(v) for v in group.variants[1:-1]] == list(SITES)
+    assert {v.client for v in group.variants} == {bench_whatif.DEMO_CLIENT}
+
+
+def test_whatif_table_judges_each_prediction() -> None:
+    """Predicted against the paired rounds' gain: close within max(30 %, 3 points), and an
+    order the rounds contradict is named."""
+    (group,) = bench_whatif.plan().groups
+    gains = {"topkeys": 0.20, "timings": 0.00, "item-counter": 0.05, "memory-counter": 0.00, "fixed": 0.25}
+    base = [100.0, 102.0, 98.0, 101.0]
+    ops = {group.variants[0].name: base}
+    for v in group.variants[1:]:
+        g = {"topkeys": 0.18, "timings": 0.10, "fixed": 0.40}.get(bench_whatif.fix_of(v), 0.0)
+        ops[v.name] = [x * (1 + g) for x in base]
+    prediction = predict(_profile(on_cpu=0.7, idle=0.0), [], {})
+    prediction.gains = gains
+    rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction)}
+    assert rows["topkeys"].close and not rows["fixed"].close
+    assert rows["timings"].measured == pytest.approx(0.10)
+    assert bench_whatif.order_misses(list(rows.values())) == ["timings > item-counter"]
+
+
+# ---- the ground truth: kvcached's fixes (BPF) ------------------------------------------
+
+
+def _predicted(server: Server, tmp_path: Path, name: str) -> dict[str, float]:
+    out = tmp_path / f"{name}.json.gz"
+    with kvload(server, 60):  # stopped once the recording is done
+        done = record(server.pid, out, "-d", "4")
+    assert done.returncode == 0, done.stderr
+    p = Profile.load(out)
+    said = predict(p, find(p), bench_whatif.fixes())
+    return {**said.gains, "largest": said.largest}
+
+
+@pytest.mark.bpf
+def test_kvcached_fixes_predict_gains_where_the_sites_are_shared(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """kvcached baseline under load predicts a gain from the topkeys fix and from all of
+    them; the fixed preset, the same load, predicts none for any site and less in all
+    than baseline does (sign and order: load moves the numbers, not these)."""
+    base = _predicted(kvcached_factory("-t", "2", "--preset", "baseline"), tmp_path, "baseline")
+    fixed = _predicted(kvcached_factory("-t", "2", "--preset", "fixed"), tmp_path, "fixed")
+    assert base["topkeys"] > 0 and base["fixed"] >= base["topkeys"], base
+    assert all(fixed[site] == 0 for site in SITES), fixed
+    assert fixed["fixed"] < base["fixed"], (fixed, base)
+
+
+@pytest.mark.bpf
+def test_a_program_without_probes_gets_gains_from_its_futex_waits(
+    contend: Callable[[], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The same model on a foreign binary (tests/programs/contend.c): its contended mutex,
+    seen as futex waits, predicts a gain; its hot spinning function, work, predicts none."""
+    proc = contend()
+    out = tmp_path / "contend.json"
+    done = record(proc.pid, out, "-d", "3")
+    assert done.returncode == 0, done.stderr
+    findings = find(Profile.load(out))
+    futex = [f for f in findings if f.id.startswith("futex:")]
+    assert futex and max(f.cost[GAIN_KEY] for f in futex) > 0, [(f.id, f.cost) for f in findings]
+    hot = [f for f in findings if f.where == "spin_hot_function"]
+    assert hot and all(f.cost[GAIN_KEY] == 0 for f in hot)
