@@ -2,22 +2,21 @@
 binary has no symbol there, never a dropped frame. Kernel frames end in
 `_[k]`, as folded stacks mark them.
 
-Symbols of a process are resolved while it runs (BCC reads /proc/PID/maps
-lazily), so collectors symbolize at every read, and the cache here keeps
-what was resolved once the target is gone.
+User symbols come from each module and its debug file
+(kvprof.collect.debuginfo), read while the target runs, so collectors
+symbolize at every read, and the cache here keeps what was resolved once the
+target is gone; kernel symbols from BCC's /proc/kallsyms.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 from pathlib import Path
 from typing import Any
 
 from bcc import BPF
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
+from kvprof.collect.debuginfo import ProcessSymbols
 from kvprof.collect.unwind import MARKERS, Unwinder
 
 # The machinery that runs a BPF program, from the tracepoint, perf event or
@@ -45,6 +44,7 @@ class Symbolizer:
     def __init__(self, pid: int, unwinder: Unwinder | None = None) -> None:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
+        self._names = ProcessSymbols(pid)
         self._user: dict[int, str] = {}
         self._kernel: dict[int, str] = {}
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
@@ -52,13 +52,10 @@ class Symbolizer:
         self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
 
     def warm(self) -> None:
-        """Read the target's memory map now, while it runs: BCC loads each
-        module's symbols lazily from its file, so addresses seen before the
-        target died still resolve after it is gone."""
-        try:
-            BPF._sym_cache(self.pid)
-        except Exception:  # gone already: frames fall back to addresses
-            pass
+        """Read the target's mappings now, while it runs: each module's symbols
+        are read at its first address, from the host's file of the same inode
+        once the target is gone (kvprof.collect.procroot.mapped_file)."""
+        self._names.refresh()
 
     def user(self, addr: int) -> str:
         frame = self._user.get(addr)
@@ -80,16 +77,11 @@ class Symbolizer:
             return "[uprobes]"  # the kernel's trampoline that runs an optimized uprobe
         if m is not None and not m.path.startswith("/"):
             return "[unknown]"  # anonymous memory: JIT code
-        try:
-            name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
-        except Exception:  # the process is gone and was never resolved
-            name, offset, module = None, addr, None
-        if name:
-            return str(name.decode(errors="replace"))
+        name = self._names.function_name(addr)  # debug files too (kvprof.collect.debuginfo)
+        if name is not None:
+            return name
         if m is not None:
             return f"{m.name}+0x{addr - m.bias:x}"
-        if module:
-            return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
         return "[unknown]"
 
     def unwound(self, ips: list[int], reason: str) -> list[str]:
@@ -129,57 +121,20 @@ class Symbolizer:
 
 class DataNames:
     """Names of data addresses of one process (futex words): the object symbol
-    that contains it (`.symtab`, `.dynsym`: `stats_lock`, `server+0x8`), else
-    `heap 0x...` / `stack 0x...` by the mapping it lies in."""
+    that contains it (from the module and its debug file: `stats_lock`,
+    `server+0x8`), else `heap 0x...` / `stack 0x...` by the mapping it lies in."""
 
-    def __init__(self, pid: int, unwinder: Unwinder) -> None:
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.unwinder = unwinder  # its mappings give each module's load bias
-        self._objects: dict[str, list[tuple[int, int, str]]] = {}
+        self._symbols = ProcessSymbols(pid)
         self._names: dict[int, str] = {}
-
-    def _symbols(self, path: str, source: str) -> list[tuple[int, int, str]]:
-        if path not in self._objects:
-            self._objects[path] = object_symbols(source)
-        return self._objects[path]
 
     def name(self, addr: int) -> str:
         found = self._names.get(addr)
         if found is None:
-            found = self._resolve(addr)
+            found = self._symbols.object_name(addr) or f"{region_of(self.pid, addr)} 0x{addr:x}"
             self._names[addr] = found
         return found
-
-    def _resolve(self, addr: int) -> str:
-        seen = set()
-        for m in self.unwinder.mappings:
-            if not m.path.startswith("/") or m.path in seen or m.why:
-                continue
-            seen.add(m.path)
-            syms = self._symbols(m.path, f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}")
-            rel = addr - m.bias
-            i = bisect.bisect_right(syms, (rel, 1 << 64, "")) - 1
-            if i >= 0 and syms[i][0] <= rel < syms[i][1]:
-                off = rel - syms[i][0]
-                return syms[i][2] + (f"+0x{off:x}" if off else "")
-        return f"{region_of(self.pid, addr)} 0x{addr:x}"
-
-
-def object_symbols(path: str) -> list[tuple[int, int, str]]:
-    """(start, end, name) of the data objects in an ELF file's symbol tables, sorted."""
-    out = set()
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for section in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
-                if section is None:
-                    continue
-                for sym in section.iter_symbols():
-                    if sym["st_info"]["type"] == "STT_OBJECT" and sym["st_size"] and sym.name:
-                        out.add((sym["st_value"], sym["st_value"] + sym["st_size"], sym.name))
-    except (OSError, ELFError):
-        pass
-    return sorted(out)
 
 
 def region_of(pid: int, addr: int) -> str:

@@ -209,12 +209,19 @@ def _trim_cache() -> None:
         victim.unlink(missing_ok=True)
 
 
-def module_table(path: str) -> Table:
-    """The rows of the module at `path`, from the cache when its build-id was seen before."""
+def module_key(path: str) -> str:
+    """What names one build of the module at `path` in caches: its build-id, else
+    its path, size and modification time."""
     key = build_id(path)
     if key is None:
         st = os.stat(path)
         key = hashlib.sha1(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return key
+
+
+def module_table(path: str) -> Table:
+    """The rows of the module at `path`, from the cache when its build-id was seen before."""
+    key = module_key(path)
     cached = CACHE_DIR / f"{key}.rows"
     try:
         data = cached.read_bytes()
