@@ -396,7 +396,7 @@ def frame_pointers(path: Path) -> FramePointers:
     return FramePointers(verdict, f"{share:.0%} of {len(sample)} function prologues set up %rbp")
 
 
-def _libc_of(pid: int | None) -> Path | None:
+def libc_of(pid: int | None) -> Path | None:
     maps = Path(f"/proc/{pid}/maps") if pid else Path("/proc/self/maps")
     try:
         text = maps.read_text()
@@ -413,7 +413,7 @@ def _modules(pid: int | None) -> list[tuple[str, Path]]:
     """(label, file) of the target's executable modules: mapped ones with -p, else kvcached and libc."""
     if pid is None:
         found = [("kvcached", KVCACHED)] if KVCACHED.is_file() else []
-        libc = _libc_of(None)
+        libc = libc_of(None)
         return found + ([(libc.name, libc)] if libc is not None else [])
     out: dict[str, tuple[str, Path]] = {}
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
@@ -492,6 +492,9 @@ def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = Tru
         checks.append(check_bcc())
     checks.append(check_pmu())
     checks.extend(check_unwind_info(pid))
+    from kvprof.system.debugcheck import check_debug_info  # its module imports this one
+
+    checks.extend(check_debug_info(pid))
     return checks
 
 
