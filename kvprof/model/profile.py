@@ -40,6 +40,12 @@ class Target:
     exe: str = ""
     cmdline: list[str] = field(default_factory=list)
     kvs_probes: bool = False
+    ns_pid: int | None = None  # its PID in its own PID namespace (a container's), when not the host's
+
+    @property
+    def pids(self) -> str:
+        """`PID 1234`, or `PID 1234 (1 in its namespace)`."""
+        return f"PID {self.pid}" + (f" ({self.ns_pid} in its namespace)" if self.ns_pid is not None else "")
 
 
 @dataclass
@@ -266,6 +272,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
+        if body["target"]["ns_pid"] is None:  # the host's namespace: as profiles have always said
+            del body["target"]["ns_pid"]
         return {
             "format": FORMAT,
             "version": VERSION,

@@ -191,7 +191,7 @@ def _header(profile: Profile) -> list[str]:
     t = profile.target
     lines = []
     who = t.comm or (t.exe.rsplit("/", 1)[-1] if t.exe else "?")
-    lines.append(_fit(f"kvprof report: {who} PID {t.pid}", WIDTH))
+    lines.append(_fit(f"kvprof report: {who} {t.pids}", WIDTH))
     if t.cmdline:
         lines.extend(_wrap(" ".join(t.cmdline), "    ", "  command: "))
     when = (
