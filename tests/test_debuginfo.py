@@ -19,7 +19,8 @@ from support import CONTEND_SOURCE, TESTS, kvprof, record, start_ready, stop_con
 
 from kvprof.collect.debuginfo import Symbols, module_symbols
 from kvprof.model.profile import Profile
-from kvprof.system.debugcheck import check_module, debug_package
+from kvprof.system.debugpkg import debug_package
+from kvprof.system.doctor import check_module
 
 pytest.importorskip("elftools", reason="pyelftools (python3-pyelftools) is missing: run scripts/provision.sh")
 

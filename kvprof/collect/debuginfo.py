@@ -42,11 +42,10 @@ from typing import IO
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kvprof.collect.procroot import in_root, mapped_file
+from kvprof.collect.procroot import DEBUG_DIR, in_root, mapped_file
 from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
 from kvprof.collect.unwind import build_id, module_key
 
-DEBUG_DIR = "/usr/lib/debug"
 CACHE_DIR = UNWIND_CACHE.parent / "symbols"
 CACHE_BYTES = 64 << 20
 CACHE_FORMAT = 1  # raised when what a table holds or how names are chosen changes

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+DEBUG_DIR = "/usr/lib/debug"  # where debug files are, in the host's root and a container's
+
 
 def in_root(pid: int, path: str) -> str:
     """`path` (absolute, as the target names it) under the target's root directory."""
