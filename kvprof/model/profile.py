@@ -42,6 +42,13 @@ class Target:
     kvs_probes: bool = False
     ns_pid: int | None = None  # its PID in its own PID namespace (a container's), when not the host's
 
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields; `ns_pid` only for a target in another PID namespace."""
+        d = asdict(self)
+        if self.ns_pid is None:
+            del d["ns_pid"]
+        return d
+
     @property
     def pids(self) -> str:
         """`PID 1234`, or `PID 1234 (1 in its namespace)`."""
@@ -272,8 +279,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
-        if body["target"]["ns_pid"] is None:  # the host's namespace: as profiles have always said
-            del body["target"]["ns_pid"]
+        body["target"] = self.target.to_dict()
         return {
             "format": FORMAT,
             "version": VERSION,

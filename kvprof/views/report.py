@@ -100,7 +100,7 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "target": asdict(profile.target),
+        "target": profile.target.to_dict(),
         "window": asdict(profile.window),
         "hz": profile.hz,
         "collectors": collector_states(profile),
