@@ -84,18 +84,20 @@ def test_build_id_debug_file_names_glibc_internals() -> None:
 def test_debuglink_is_read_only_with_a_matching_crc(glibc_lock: Path, tmp_path: Path) -> None:
     """A stripped binary finds its debug file through .gnu_debuglink in .debug/; a
     debug file whose CRC32 differs (another build) is not used."""
-    (tmp_path / ".debug").mkdir()
-    debug = tmp_path / ".debug" / "glibc_lock.debug"
-    _run("objcopy", "--only-keep-debug", glibc_lock, debug)
-    stripped = tmp_path / "glibc_lock"
-    _run("objcopy", "--strip-all", f"--add-gnu-debuglink={debug}", glibc_lock, stripped)
+    good, other = tmp_path / "good", tmp_path / "other"
+    for where in (good, other):
+        (where / ".debug").mkdir(parents=True)
+        _run("objcopy", "--only-keep-debug", glibc_lock, where / ".debug" / "glibc_lock.debug")
+    debug = good / ".debug" / "glibc_lock.debug"
+    _run("objcopy", "--strip-all", f"--add-gnu-debuglink={debug}", glibc_lock, good / "glibc_lock")
+    shutil.copy(good / "glibc_lock", other / "glibc_lock")
+    with (other / ".debug" / "glibc_lock.debug").open("ab") as f:
+        f.write(b"another build")
     worker = _nm(glibc_lock)["worker"]
-    syms = module_symbols(str(stripped))
+    syms = module_symbols(str(good / "glibc_lock"))
     assert (syms.source, syms.debug_file) == ("debuglink", str(debug))
     assert syms.function(worker)[2] == "worker"  # type: ignore[index]
-    with debug.open("ab") as f:
-        f.write(b"another build")
-    syms = module_symbols(str(stripped))
+    syms = module_symbols(str(other / "glibc_lock"))
     assert syms.source == "dynsym" and syms.function(worker) is None
 
 

@@ -294,12 +294,26 @@ def _store(key: str, syms: Symbols) -> None:
 
 
 _TABLES: dict[str, Symbols] = {}  # per kvprof process: a live view asks every second
+# each collector of a session names its own addresses: the file a module was read
+# from (device, inode, size, mtime, name, root) -> what was found for it
+_FILES: dict[tuple[int, int, int, int, str, str], Symbols] = {}
 
 
 def module_symbols(image: str, path: str = "", root: str = "") -> Symbols:
     """The symbols of the module whose bytes are at `image` (a path the host can
     open), named `path` in a target whose root directory is `root` ("": the host's)."""
     path = path or image
+    try:
+        st = os.stat(image)
+    except OSError:
+        return Symbols()
+    file = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, path, root)
+    if file not in _FILES:
+        _FILES[file] = _module_symbols(image, path, root)
+    return _FILES[file]
+
+
+def _module_symbols(image: str, path: str, root: str) -> Symbols:
     try:
         with open(image, "rb") as f:
             elf = _open_elf(f)
