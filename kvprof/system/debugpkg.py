@@ -14,11 +14,12 @@ DEBUG_ARCHIVE = "deb http://deb.debian.org/debian-debug bookworm-debug main"
 
 
 def _dpkg(*args: str) -> str:
+    """What dpkg-query printed (for -S, the names it found, also when it did not find all)."""
     try:
-        out = subprocess.run(["dpkg-query", *args], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(["dpkg-query", *args], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+    return out.stdout.strip()
 
 
 def debug_package(path: str) -> str | None:
@@ -29,13 +30,12 @@ def debug_package(path: str) -> str | None:
     names = dict.fromkeys(
         [path, real, *(p.removeprefix("/usr") for p in (path, real) if p.startswith("/usr/"))]
     )
-    for name in names:
-        owner = _dpkg("-S", name)
-        if owner and ":" in owner:
-            package = owner.split(":", 1)[0].split(",")[0].strip()
-            source = _dpkg("-W", "-f=${source:Package}", package)
-            return "libc6-dbg" if source == "glibc" else f"{package}-dbgsym"
-    return None
+    owners = [line for line in _dpkg("-S", *names).splitlines() if ": " in line]  # one read of its database
+    if not owners:
+        return None
+    package = owners[0].split(":", 1)[0].split(",")[0].strip()
+    source = _dpkg("-W", "-f=${source:Package}", package)
+    return "libc6-dbg" if source == "glibc" else f"{package}-dbgsym"
 
 
 def fix_debug_info(path: str, label: str, host_file: bool) -> str:
