@@ -88,8 +88,8 @@ vagrant-box:
 
 # `vagrant up` of the Vagrantfile with that box under QEMU TCG, in a network
 # namespace of its own; doctor, topology and a record inside, then destroy.
-# Not part of `make test`: 14-27 minutes here, plus 6-20 to build the box on a
-# fresh clone (README.md). scripts/vagrant-test.sh.
+# Not part of `make test`: it takes long (README.md gives the times measured).
+# scripts/vagrant-test.sh.
 vagrant-test: vagrant-box
 	$(AS_ROOT) bash scripts/vagrant-test.sh
 

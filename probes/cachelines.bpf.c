@@ -39,11 +39,11 @@ struct cachelines_val {
     u64 max_cycles;
 };
 
-struct cachelines_hist_key {
+struct cachelines_hist_key {  // per thread, as cachelines_key: only that thread writes its counts
     u64 site;
     u64 line;
     u32 slot;
-    u32 pad;
+    u32 tid;
 };
 
 struct cachelines_matrix_key {
@@ -64,11 +64,11 @@ BPF_HASH(cachelines_hist, struct cachelines_hist_key, u64, MAX_ENTRIES);
 BPF_HASH(cachelines_matrix, struct cachelines_matrix_key, u64, MAX_ENTRIES);
 BPF_HASH(cachelines_owner, u64, struct cachelines_owner, MAX_ENTRIES);
 BPF_ARRAY(cachelines_cpu_socket, u32, CACHELINES_CPUS);
-BPF_ARRAY(cachelines_counters, u64, CACHELINES_COUNTERS);
+BPF_PERCPU_ARRAY(cachelines_counters, u64, CACHELINES_COUNTERS);  // per CPU: no line of ours bounces
 
 static __always_inline void cachelines_count(int which)
 {
-    kv_add(cachelines_counters.lookup(&which), 1);
+    kv_add_percpu(cachelines_counters.lookup(&which), 1);
 }
 
 static __always_inline u32 cachelines_socket_of(u32 cpu)
@@ -119,24 +119,21 @@ int cachelines_on_sample(struct pt_regs *ctx)
         cachelines_count(CACHELINES_MAP_FULL);
         return 0;
     }
-    __sync_fetch_and_add(&v->samples, 1);
-    __sync_fetch_and_add(&v->cycles, cycles);
-    if (cycles > v->max_cycles) /* one key is one thread: no race */
+    /* one key is one thread, so plain adds: kvprof's own counts bounce no line */
+    v->samples += 1;
+    v->cycles += cycles;
+    if (cycles > v->max_cycles)
         v->max_cycles = cycles;
     if (transfer) {
-        __sync_fetch_and_add(&v->transfers, 1);
-        if (cross)
-            __sync_fetch_and_add(&v->cross, 1);
+        v->transfers += 1;
+        v->cross += cross;
         struct cachelines_matrix_key mk = {};
         mk.site = site;
         mk.line = line;
         mk.from = from;
         mk.to = to;
         u64 nil = 0;
-        u64 *m = cachelines_matrix.lookup_or_try_init(&mk, &nil);
-        if (m)
-            __sync_fetch_and_add(m, 1);
-        else
+        if (!kv_add(cachelines_matrix.lookup_or_try_init(&mk, &nil), 1))
             cachelines_count(CACHELINES_MAP_FULL);
     }
 
@@ -144,11 +141,9 @@ int cachelines_on_sample(struct pt_regs *ctx)
     hk.site = site;
     hk.line = line;
     hk.slot = kv_log2_slot(cycles);
+    hk.tid = (u32)pid_tgid;
     u64 nil2 = 0;
-    u64 *h = cachelines_hist.lookup_or_try_init(&hk, &nil2);
-    if (h)
-        __sync_fetch_and_add(h, 1);
-    else
+    if (!kv_add_percpu(cachelines_hist.lookup_or_try_init(&hk, &nil2), 1))  // keyed by thread
         cachelines_count(CACHELINES_MAP_FULL);
     return 0;
 }

@@ -43,21 +43,26 @@ static __always_inline int kv_is_target(u64 pid_tgid)
     return (pid_tgid >> 32) == TARGET_TGID;
 }
 
-// Add n to a counter a map lookup returned (NULL: nothing). BCC cannot
-// rewrite a map call inside a macro, so a program calls
-// kv_add(its_map.lookup(KV_IDX(i)), n) itself.
-static __always_inline void kv_add(u64 *counter, u64 n)
+// Add n to a counter a map lookup returned; 0 when there was none (NULL: a
+// full map, for a lookup_or_try_init). BCC cannot rewrite a map call inside a
+// macro, so a program calls kv_add(its_map.lookup(KV_IDX(i)), n) itself.
+static __always_inline int kv_add(u64 *counter, u64 n)
 {
-    if (counter)
-        __sync_fetch_and_add(counter, n);
+    if (!counter)
+        return 0;
+    __sync_fetch_and_add(counter, n);
+    return 1;
 }
 
-// The same for a counter of a BPF_PERCPU_ARRAY: only this CPU writes it, so
-// a plain add does (what the per-sample programs pay stays a few ns).
-static __always_inline void kv_add_percpu(u64 *counter, u64 n)
+// The same for a counter with one writer: a BPF_PERCPU_ARRAY's (only this CPU
+// writes it) or a map value keyed by thread. A plain add does, and no cache
+// line of kvprof's moves between the target's CPUs.
+static __always_inline int kv_add_percpu(u64 *counter, u64 n)
 {
-    if (counter)
-        *counter += n;
+    if (!counter)
+        return 0;
+    *counter += n;
+    return 1;
 }
 
 #define KV_IDX(i) (&(int){(i)})

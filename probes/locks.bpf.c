@@ -38,11 +38,11 @@ enum locks_counter { LOCKS_EVENTS, LOCKS_MAP_FULL, LOCKS_STACK_ERRORS, LOCKS_COU
 BPF_HASH(locks_waits, struct locks_key, struct locks_val, MAX_ENTRIES);
 BPF_HASH(locks_hist, struct locks_hist_key, u64, 4096);
 BPF_STACK_TRACE(locks_stacks, STACK_STORAGE);
-BPF_ARRAY(locks_counters, u64, LOCKS_COUNTERS);
+BPF_PERCPU_ARRAY(locks_counters, u64, LOCKS_COUNTERS);  // per CPU: no line of ours bounces
 
 static __always_inline void locks_count(int which)
 {
-    kv_add(locks_counters.lookup(&which), 1);
+    kv_add_percpu(locks_counters.lookup(&which), 1);
 }
 
 int locks_on_wait_done(struct pt_regs *ctx)
@@ -84,10 +84,7 @@ int locks_on_wait_done(struct pt_regs *ctx)
     __builtin_memcpy(hk.name, k.name, sizeof(hk.name));
     hk.slot = kv_log2_slot(ns);
     u64 one = 0;
-    u64 *h = locks_hist.lookup_or_try_init(&hk, &one);
-    if (h)
-        __sync_fetch_and_add(h, weight);
-    else
+    if (!kv_add(locks_hist.lookup_or_try_init(&hk, &one), weight))
         locks_count(LOCKS_MAP_FULL);
     return 0;
 }

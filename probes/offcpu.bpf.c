@@ -156,12 +156,16 @@ static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
     return id;
 }
 
-// Add one wait of `ns` to a futex map's value (BCC cannot pass a map to a
-// function: the caller looks the value up or inserts `one`). Every key of the
-// maps below holds a tid and only that thread's switch-outs write it, so
+// Add one wait of `ns` to a futex map's value, as lookup_or_try_init gave it
+// (BCC cannot pass a map to a function); NULL: the map is full. Every key of
+// the maps below holds a tid and only that thread's switch-outs write it, so
 // plain adds suffice.
 static __always_inline void offcpu_add_wait(struct offcpu_futex_val *v, u64 ns)
 {
+    if (!v) {
+        offcpu_count(OFFCPU_MAP_FULL, 1);
+        return;
+    }
     v->waits += 1;
     v->ns += ns;
 }
@@ -173,19 +177,13 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
     t->total_ns += delta;
     if (t->preempted)
         offcpu_count(OFFCPU_PREEMPTED_NS, delta);
-    struct offcpu_futex_val one = {};
-    one.waits = 1;
-    one.ns = delta;
+    struct offcpu_futex_val zero = {};
     if (t->futex) {
         offcpu_count(OFFCPU_FUTEX_WAITS, 1);
         struct offcpu_futex_key fk = {};
         fk.uaddr = t->futex;
         fk.tid = tid;
-        struct offcpu_futex_val *v = offcpu_futex.lookup(&fk);
-        if (v)
-            offcpu_add_wait(v, delta);
-        else if (offcpu_futex.insert(&fk, &one))
-            offcpu_count(OFFCPU_MAP_FULL, 1);
+        offcpu_add_wait(offcpu_futex.lookup_or_try_init(&fk, &zero), delta);
     }
     if (!t->sampled)
         return;
@@ -194,11 +192,7 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
         sk.uaddr = t->futex;
         sk.user_stack = t->user_stack;
         sk.tid = tid;
-        struct offcpu_futex_val *v = offcpu_futex_stacks.lookup(&sk);
-        if (v)
-            offcpu_add_wait(v, delta);
-        else if (offcpu_futex_stacks.insert(&sk, &one))
-            offcpu_count(OFFCPU_MAP_FULL, 1);
+        offcpu_add_wait(offcpu_futex_stacks.lookup_or_try_init(&sk, &zero), delta);
     }
     if (t->sampled != OFFCPU_SAMPLED_RANDOM)
         return;

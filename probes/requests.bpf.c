@@ -18,7 +18,7 @@ struct requests_key {
 enum requests_counter { REQUESTS_EVENTS, REQUESTS_MAP_FULL, REQUESTS_COUNTERS };
 
 BPF_HASH(requests_hist, struct requests_key, u64, REQUESTS_OPCODES * HIST_SLOTS);
-BPF_ARRAY(requests_counters, u64, REQUESTS_COUNTERS);
+BPF_PERCPU_ARRAY(requests_counters, u64, REQUESTS_COUNTERS);  // per CPU: no line of ours bounces
 
 int requests_on_done(struct pt_regs *ctx)
 {
@@ -28,17 +28,13 @@ int requests_on_done(struct pt_regs *ctx)
     u64 ns = 0;
     bpf_usdt_readarg(2, ctx, &opcode);
     bpf_usdt_readarg(4, ctx, &ns);
-    kv_add(requests_counters.lookup(KV_IDX(REQUESTS_EVENTS)), 1);
+    kv_add_percpu(requests_counters.lookup(KV_IDX(REQUESTS_EVENTS)), 1);
 
     struct requests_key k = {};
     k.opcode = opcode >= 0 && opcode < REQUESTS_OPCODES ? opcode : REQUESTS_OPCODES - 1;
     k.slot = kv_log2_slot(ns);
     u64 zero = 0;
-    u64 *h = requests_hist.lookup_or_try_init(&k, &zero);
-    if (!h) {
-        kv_add(requests_counters.lookup(KV_IDX(REQUESTS_MAP_FULL)), 1);
-        return 0;
-    }
-    __sync_fetch_and_add(h, 1);
+    if (!kv_add(requests_hist.lookup_or_try_init(&k, &zero), 1))
+        kv_add_percpu(requests_counters.lookup(KV_IDX(REQUESTS_MAP_FULL)), 1);
     return 0;
 }

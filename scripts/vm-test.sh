@@ -256,7 +256,7 @@ EOF
 make_kernel() {
     KVER=$(cat "$WORK/kver")
     rm -rf "$WORK/kx" "$WORK/bb"
-    # Only the kernel and the modules the initrd takes, not all 400 MB.
+    # Only the kernel and the modules the initrd takes, not the whole package.
     mkdir -p "$WORK/kx"
     dpkg-deb --fsys-tarfile "$WORK/debs/linux-image-${KVER}"_*.deb |
         tar -x -C "$WORK/kx" --wildcards "./boot/vmlinuz-$KVER" "./lib/modules/$KVER/modules.*" \

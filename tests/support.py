@@ -110,6 +110,18 @@ def reaped(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
             proc.wait()
 
 
+def thread_nices(pid: int) -> dict[int, int]:
+    """tid -> nice of every thread of `pid` (/proc/PID/task/TID/stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = int(fields[16])
+    return out
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.05) -> bool:
     """Poll `predicate` until true or `timeout` seconds passed; its last value."""
     deadline = time.monotonic() + timeout
@@ -619,17 +631,12 @@ async def first_frame(pilot: Pilot[Any]) -> None:
 
 
 async def show_view(pilot: Pilot[Any], key: str, view: str) -> None:
-    """Press `key` until `view` is the active tab: a key pressed that early can be undone
-    by the focus Textual gives Overview's table at start (its TabPane.Focused arrives late)."""
+    """Press `key` once; `view` is then the active tab."""
     from textual.widgets import TabbedContent
 
-    tabs = pilot.app.query_one(TabbedContent)
-    for _ in range(5):
-        await pilot.press(key)
-        await pilot.pause(0.2)
-        if tabs.active == view:
-            break
-    assert tabs.active == view
+    await pilot.press(key)
+    await pilot.pause(0.2)
+    assert pilot.app.query_one(TabbedContent).active == view
 
 
 def drive(

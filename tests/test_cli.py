@@ -104,7 +104,13 @@ BAD_INPUT: dict[str, list[list[str]]] = {
     "flamegraph": [["no-such.json"], ["no-such.json", "--kind", "nope"], ["x.json", "--width", "1"]],
     "diff": [["no-such.json", "no-such-either.json"], ["a.json", "b.json", "-o", "diff.png"]],
     "exporter": [["-p", "x"], ["-p", GONE], ["-p", "1", "--listen", "nope"], ["-p", "1", "--top", "0"]],
-    "bench": [["--compare", "no-such.json", "no-such-either.json"], ["--runs", "1"]],
+    "bench": [
+        ["--compare", "no-such.json", "no-such-either.json"],
+        ["--runs", "1"],
+        ["--variants", "nope"],
+        ["--scenario", "loadgen", "--variants", "baseline"],
+        ["--scenario", "atomics", "--variants", "baseline"],
+    ],
     "doctor": [["-p", "x"], ["-p", GONE]],
     "probes": [["-p", "x"], ["-p", GONE], ["-p", GONE, "-d", "-1"], []],
 }

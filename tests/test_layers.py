@@ -3,7 +3,7 @@ importing each room loads: bcc is imported only in kvprof/collect/, textual
 only in kvprof/tui/; the import graph of kvprof/ has no cycle (imports
 inside functions included); each room loads no module of a later stage; no
 module imports another's `_private` names; kvprof/'s top level holds no module
-but the command line's;
+but the command line's; no function in kvprof/ is over 80 lines;
 no test module imports another (they share tests/support.py)."""
 
 from __future__ import annotations
@@ -144,6 +144,21 @@ def test_no_loose_module_at_the_top_level() -> None:
         p.name for p in KVPROF.glob("*.py") if p.name not in ("cli.py", "__main__.py", "__init__.py")
     )
     assert not loose, f"loose modules at kvprof/'s top level: {loose}"
+
+
+LONGEST_FUNCTION = 80  # lines from `def` to the last line, decorators excluded
+
+
+def test_no_function_is_over_80_lines() -> None:
+    """Every function and method of kvprof/, nested ones too, fits in LONGEST_FUNCTION lines."""
+    long = sorted(
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)"
+        for path in KVPROF.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > LONGEST_FUNCTION
+    )
+    assert not long, f"functions over {LONGEST_FUNCTION} lines:\n" + "\n".join(long)
 
 
 def test_the_package_root_imports_nothing_of_kvprof() -> None:

@@ -8,6 +8,7 @@ that exits, which needs no root.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from support import KVPROF, TOP_BASELINE, drive, halved, reaped, top_app, until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
+from kvprof.tui.app import VIEWS as ALL_VIEWS
 from kvprof.tui.app import FindingScreen, HelpScreen, TopApp
 from kvprof.tui.data import Sample
 from kvprof.tui.sources import ReplaySource
@@ -60,6 +62,24 @@ def test_every_view_renders_and_number_keys_and_tabs_switch(tmp_path: Path) -> N
         assert "socket → socket" in matrix
 
     drive(app, script)
+
+
+def test_a_view_key_right_after_the_first_frame_is_kept() -> None:
+    """A view's key, pressed once as soon as the first frame is drawn, shows that view and
+    it stays: nothing of the Overview it left takes the tabs back (three views, each in a
+    fresh app: the race it pins lost most such presses)."""
+
+    async def press_early(app: TopApp, key: str) -> str:
+        async with app.run_test(size=(132, 40)) as pilot:
+            assert await until(pilot, lambda: app.frames > 0), app.error
+            await pilot.press(key)
+            await pilot.pause(0.5)
+            return app.query_one(TabbedContent).active
+
+    keys = {view: str(i) for i, (view, _) in enumerate(ALL_VIEWS, 1)}
+    views = ("stacks", "threads", "flame")
+    shown = {view: asyncio.run(press_early(top_app(), keys[view])) for view in views}
+    assert shown == {view: view for view in views}
 
 
 def test_pause_stops_refreshing_and_resume_restarts(tmp_path: Path) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pty
+import select
+import subprocess
 import time
 from collections.abc import Callable
 
 import pytest
-from support import assert_detached, kvload, top_app
+from support import KVPROF, assert_detached, kvload, reaped, thread_nices, top_app, wait_until
 from textual.widgets import Static
 
+from kvprof.collect import WATCH_NICE
 from kvprof.system.servers import Server
 from kvprof.tui.sources import LiveSource
 from kvprof.tui.widgets import OverviewPanel
@@ -51,3 +56,27 @@ def test_top_names_the_topkeys_lock_within_10_s(kvcached_factory: Callable[..., 
     assert app.return_code in (0, None)
     assert_detached(server)
     assert server.stats()["curr_items"]  # still serving
+
+
+@pytest.mark.bpf
+def test_top_watches_at_the_lowest_priority(kvcached_factory: Callable[..., Server]) -> None:
+    """`kvprof top -p PID` in a terminal: once every collector is attached, each of its
+    threads runs at nice WATCH_NICE (the target's threads win a contested CPU); q detaches."""
+    server = kvcached_factory("-t", "2")
+    master, slave = pty.openpty()
+    top = subprocess.Popen([*KVPROF, "top", "-p", str(server.pid)], stdin=slave, stdout=slave, stderr=slave)
+    with reaped(top) as proc:
+        os.close(slave)
+        drawn = b""
+        deadline = time.monotonic() + 120
+        while "collectors ✓".encode() not in drawn and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([master], [], [], 0.5)[0]:
+                drawn = (drawn + os.read(master, 65536))[-65536:]
+        assert "collectors ✓".encode() in drawn, drawn[-500:]
+        assert wait_until(lambda: set(thread_nices(proc.pid).values()) == {WATCH_NICE}), thread_nices(
+            proc.pid
+        )
+        os.write(master, b"q")
+        proc.wait(timeout=60)
+        os.close(master)
+    assert_detached(server)

@@ -18,3 +18,8 @@ experiment), `table` (80-column rendering) and `command` (what the CLI calls).
 
 class BenchError(RuntimeError):
     """The benchmark cannot go on; the message says why."""
+
+
+class BadOptions(ValueError):
+    """What was asked cannot be run (options that do not go together, a result file
+    that cannot be read): bad input, said before anything runs; the message says why."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kvprof.bench import (
+    BadOptions,
     BenchError,
     atomics,
     history,
@@ -121,7 +122,8 @@ def _plan(o: Options, progress: TextIO) -> Plan:
 
 
 def _history(o: Options, plan: Plan, figures: dict[str, dict[str, float]]) -> list[str]:
-    """Append this run to --history and judge its new variant (the first group's last) there."""
+    """Append this run to --history and judge its new variant (the first group's last) there;
+    the lines wrapped to the table's width (BenchError when the file cannot be used)."""
     if o.history is None:
         return []
     entries = [
@@ -132,7 +134,11 @@ def _history(o: Options, plan: Plan, figures: dict[str, dict[str, float]]) -> li
     first = [e for e in entries if e.workload == plan.groups[0].title]
     if not first:
         return []
-    return history.append(o.history, plan.scenario, entries, first[-1])
+    try:
+        said = history.append(o.history, plan.scenario, entries, first[-1])
+    except OSError as e:
+        raise BenchError(str(e)) from None
+    return [w for line in said for w in table.wrap(line)]
 
 
 def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, float]]:
@@ -148,15 +154,12 @@ def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, 
 
 
 def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> int:
-    """Run a server scenario (study, memcached, loadgen, keycmp, --rev); returns the exit status."""
+    """Run a server scenario (study, memcached, loadgen, keycmp, --rev); returns the exit
+    status (0, or EXIT_INTERRUPTED); BadOptions and BenchError say what stopped it."""
     try:
         plan = _plan(o, progress)
-    except ValueError as e:
-        print(f"kvprof bench: {e}", file=sys.stderr)
-        return 2
-    except BenchError as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
+    except ValueError as e:  # the scenarios' and revisions' checks of the options
+        raise BadOptions(str(e)) from None
     if o.instructions:
         return run_instructions(o, plan, out, progress)
     duration = o.duration or DEFAULT_DURATION
@@ -177,9 +180,6 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
         done = [r for r in e.results if r.runs]
         interrupted = True
         print(f"\ninterrupted: {len(done[0].runs) if done else 0} complete runs kept", file=progress)
-    except BenchError as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
     if not done:
         return EXIT_INTERRUPTED
     measured = _write(done, plan, output)
@@ -191,11 +191,7 @@ def run_scenario(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.st
     ]
     lines = table.render_bench(measured, title=[w for t in title for w in table.wrap(t)])
     lines += _targets(plan, measured)
-    try:
-        lines += [w for line in _history(o, plan, _timed_figures(measured)) for w in table.wrap(line)]
-    except (BenchError, OSError) as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
+    lines += _history(o, plan, _timed_figures(measured))
     lines.append(f"wrote {output} (pyperf JSON)")
     print("\n".join(lines), file=out, flush=True)
     return EXIT_INTERRUPTED if interrupted else 0
@@ -211,11 +207,7 @@ def run_instructions(o: Options, plan: Plan, out: TextIO = sys.stdout, progress:
         file=progress,
         flush=True,
     )
-    try:
-        done = instructions.run(plan, o.runs, o.requests, progress)
-    except BenchError as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
+    done = instructions.run(plan, o.runs, o.requests, progress)
     rounds = min(len(vr.rounds) for vr in done)
     if rounds == 0:
         return EXIT_INTERRUPTED
@@ -235,11 +227,7 @@ def run_instructions(o: Options, plan: Plan, out: TextIO = sys.stdout, progress:
         }
         for vr in done
     }
-    try:
-        lines += [w for line in _history(o, plan, figures) for w in table.wrap(line)]
-    except (BenchError, OSError) as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
+    lines += _history(o, plan, figures)
     lines.append(f"wrote {output} (pyperf JSON)")
     print("\n".join(lines), file=out, flush=True)
     return EXIT_INTERRUPTED if rounds < o.runs else 0
@@ -263,9 +251,6 @@ def run_atomics(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.std
     status = 0
     try:
         done = atomics.run(configs, o.runs, duration, progress, o.wait_idle)
-    except BenchError as e:
-        print(f"kvprof bench: error: {e}", file=sys.stderr)
-        return 1
     except atomics.AtomicsInterrupted as e:
         done = e.results
         status = EXIT_INTERRUPTED
@@ -289,8 +274,7 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
         _, before = results.load(old)
         _, after = results.load(new)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"kvprof bench: cannot read {old} / {new}: {e}", file=sys.stderr)
-        return 2  # as every command whose input file is missing
+        raise BadOptions(f"cannot read {old} / {new}: {e}") from None
     lines = ["kvprof bench --compare", f"old: {old}", f"new: {new}"]
     lines += table.render_compare(before, after)
     print("\n".join(lines), file=out, flush=True)
@@ -300,7 +284,6 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
 def run(o: Options) -> int:
     if o.scenario == scenarios.ATOMICS:
         if o.against or o.overrides.servers or o.overrides.client_changes() or o.revs or o.instructions:
-            print("kvprof bench: --scenario atomics takes only -t, --runs, --duration, -o", file=sys.stderr)
-            return 2
+            raise BadOptions("--scenario atomics takes only -t, --runs, --duration, -o")
         return run_atomics(o)
     return run_scenario(o)

@@ -177,8 +177,27 @@ def compare(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
     ratios = paired_ratios(base_ops, new_ops)
     if len(ratios) < 2 or len(ratios) != len(base_ops):
         return compare_unpaired(base_ops, new_ops)
-    test = paired_t_test(ratios)
-    ratio, spread = median(ratios), cv(ratios)
+    return _judged(base_ops, new_ops, median(ratios), cv(ratios), paired_t_test(ratios), paired=True)
+
+
+def compare_unpaired(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
+    """Two sets of runs not measured side by side (two result files): medians,
+    the larger CV of ops/s, pyperf's two-sample t-test on seconds per op."""
+    base_median, new_median = median(base_ops), median(new_ops)
+    ratio = new_median / base_median if base_median else math.inf
+    test = t_test([1 / x for x in base_ops], [1 / x for x in new_ops])
+    return _judged(base_ops, new_ops, ratio, max(cv(base_ops), cv(new_ops)), test, paired=False)
+
+
+def _judged(
+    base_ops: Sequence[float],
+    new_ops: Sequence[float],
+    ratio: float,
+    spread: float,
+    test: TTest | None,
+    paired: bool,
+) -> Comparison:
+    """The Comparison of a ratio and its spread, with the verdict on them."""
     significant = None if test is None else test.significant
     return Comparison(
         base_median=median(base_ops),
@@ -187,29 +206,7 @@ def compare(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
         new_cv=cv(new_ops),
         ratio=ratio,
         spread=spread,
-        paired=True,
-        significant=significant,
-        verdict=verdict(ratio - 1, spread, significant),
-    )
-
-
-def compare_unpaired(base_ops: Sequence[float], new_ops: Sequence[float]) -> Comparison:
-    """Two sets of runs not measured side by side (two result files): medians,
-    the larger CV of ops/s, pyperf's two-sample t-test on seconds per op."""
-    base_median, new_median = median(base_ops), median(new_ops)
-    base_cv, new_cv = cv(base_ops), cv(new_ops)
-    test = t_test([1 / x for x in base_ops], [1 / x for x in new_ops])
-    ratio = new_median / base_median if base_median else math.inf
-    significant = None if test is None else test.significant
-    spread = max(base_cv, new_cv)
-    return Comparison(
-        base_median=base_median,
-        new_median=new_median,
-        base_cv=base_cv,
-        new_cv=new_cv,
-        ratio=ratio,
-        spread=spread,
-        paired=False,
+        paired=paired,
         significant=significant,
         verdict=verdict(ratio - 1, spread, significant),
     )

@@ -99,6 +99,7 @@ OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
 PROBE_SAMPLE = 1024  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
+WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach.yield_cpu)
 # What the kernel adds to one uprobe hit beyond the BPF program (the trap and
 # its return), for kvprof's own-cost figure: bench/probe_cost.py measures it
 # on a machine, docs/record.md has the figures.

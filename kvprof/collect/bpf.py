@@ -110,12 +110,13 @@ class BpfCollector:
 
     name = ""
     fired_by = "perf_event"  # what runs its programs: perf_event, tracepoint or uprobe (own-cost figure)
+    empty: ClassVar[type | None] = None  # the type _read() returns: latest() is one, empty, before attaching
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         self.pid = pid
         self.opts = opts
         self.module: Module | None = None
-        self._last: Any = None  # the last _read(), kept when the maps go with the module
+        self._last: Any = self.empty() if self.empty else None  # the last _read(), kept when the maps go
         self._own: Module | None = None  # compiled by start() for this collector alone
 
     def applies(self) -> str | None:
@@ -282,11 +283,6 @@ def _plain(x: Any) -> Any:
 def percpu_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
     """A BPF_PERCPU_ARRAY of u64 counters, summed over CPUs, by name."""
     return {name: int(table.sum(table.Key(i)).value) for i, name in enumerate(names)}
-
-
-def array_counters(table: Any, names: tuple[str, ...]) -> dict[str, int]:
-    """A BPF_ARRAY of u64 counters, by name."""
-    return {name: int(table[table.Key(i)].value) for i, name in enumerate(names)}
 
 
 def cstr(raw: Any) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, array_counters, map_items
+from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, map_items, percpu_counters
 from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
 from kvprof.model.topology import Topology
 
@@ -105,13 +105,13 @@ def socket_count(topology: Topology) -> int:
 
 class CachelinesCollector(KvsCollector):
     name = "cachelines"
+    empty = _Snapshot
     probes: ClassVar[dict[str, str]] = {"atomic__sample": "cachelines_on_sample"}
     instead = "shared-counter cache-line transfers need the server's own atomic__sample probe"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self.sockets = socket_count(opts.topology)
-        self._last = _Snapshot()
         self._names = ThreadNames(pid)
         self._sites: dict[int, str] = {}  # address of a site's name in the target -> the name
 
@@ -153,7 +153,7 @@ class CachelinesCollector(KvsCollector):
         for k, n in map_items(self.table("matrix")):
             cell = snap.matrix.setdefault((self.site(k.site), k.line), {})
             cell[(k.__getattribute__("from"), k.to)] = n
-        snap.counters = array_counters(self.table("counters"), COUNTERS)
+        snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
 
     def contribute(self, profile: Profile) -> None:

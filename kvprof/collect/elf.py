@@ -22,7 +22,9 @@ NT_STAPSDT = 3
 PT_LOAD = 1
 ET_EXEC = 2
 SHT_NOBITS = 8
+STT_OBJECT = 1
 STT_FUNC = 2
+STT_TLS = 6
 PAGE_MASK = ~0xFFF
 PF_KTHREAD = 0x00200000
 
@@ -70,6 +72,13 @@ class ElfFile:
             raise ProbesError(f"{path} is not an ELF file")
         self.is64 = d[4] == 2
         self.endian = "<" if d[5] == 1 else ">"
+        try:
+            self._parse_headers()
+        except struct.error:
+            raise ProbesError(f"{path} is not an ELF file we can read (truncated headers)") from None
+
+    def _parse_headers(self) -> None:
+        d = self.data
         e = self.endian
         header = "HHIQQQIHHHHHH" if self.is64 else "HHIIIIIHHHHHH"  # e_type .. e_shstrndx
         (
@@ -130,24 +139,37 @@ class ElfFile:
     def section(self, name: str) -> Section | None:
         return next((s for s in self.sections if s.name == name), None)
 
+    def symbols(self, table: str, kinds: tuple[int, ...]) -> list[tuple[int, int, str, int]]:
+        """(value, size, name, type) of the defined symbols of `table` (.symtab or .dynsym)
+        whose type is one of `kinds`, in table order; [] without that table."""
+        idx = next((i for i, s in enumerate(self.sections) if s.name == table), None)
+        if idx is None:
+            return []
+        sec = self.sections[idx]
+        link, entsize = self._links[idx]
+        if sec.type == SHT_NOBITS or link >= len(self.sections):
+            return []
+        strtab = self.sections[link].offset
+        fmt = self.endian + ("IBBHQQ" if self.is64 else "IIIBBH")
+        step = entsize or struct.calcsize(fmt)
+        end = min(sec.offset + sec.size, len(self.data)) - struct.calcsize(fmt)
+        out = []
+        for off in range(sec.offset, end + 1, step):
+            if self.is64:
+                st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(fmt, self.data, off)
+            else:
+                st_name, st_value, st_size, st_info, _, st_shndx = struct.unpack_from(fmt, self.data, off)
+            if st_info & 0xF in kinds and st_shndx != 0 and st_name:
+                out.append((st_value, st_size, self._cstr(strtab + st_name), st_info & 0xF))
+        return out
+
     def functions(self) -> list[Symbol]:
         """Defined function symbols with a size, from .symtab, else .dynsym; unique by address."""
         for table in (".symtab", ".dynsym"):
-            idx = next((i for i, s in enumerate(self.sections) if s.name == table), None)
-            if idx is None:
-                continue
-            sec = self.sections[idx]
-            link, entsize = self._links[idx]
-            strtab = self.sections[link]
             seen: dict[int, Symbol] = {}
-            fmt = self.endian + ("IBBHQQ" if self.is64 else "IIIBBH")
-            for off in range(sec.offset, sec.offset + sec.size, entsize or struct.calcsize(fmt)):
-                if self.is64:
-                    st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(fmt, self.data, off)
-                else:
-                    st_name, st_value, st_size, st_info, _, st_shndx = struct.unpack_from(fmt, self.data, off)
-                if st_info & 0xF == STT_FUNC and st_shndx != 0 and st_size > 0 and st_value not in seen:
-                    seen[st_value] = Symbol(self._cstr(strtab.offset + st_name), st_value, st_size)
+            for value, size, name, _ in self.symbols(table, (STT_FUNC,)):
+                if size > 0 and value not in seen:
+                    seen[value] = Symbol(name, value, size)
             if seen:
                 return sorted(seen.values(), key=lambda s: s.value)
         return []

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, ThreadNames, array_counters, cstr, map_items
+from kvprof.collect.bpf import KvsCollector, ThreadNames, cstr, map_items, percpu_counters
 from kvprof.collect.symbols import Symbolizer
 from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
 
@@ -50,13 +50,13 @@ class _Snapshot:
 
 class LocksCollector(KvsCollector):
     name = "locks"
+    empty = _Snapshot
     probes: ClassVar[dict[str, str]] = {"lock__wait__done": "locks_on_wait_done"}
     instead = "lock waits come from the futex collector"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._symbols = Symbolizer(pid)
-        self._last = _Snapshot()
         self._names = ThreadNames(pid)
         self._frames: dict[int, list[str]] = {}
 
@@ -75,7 +75,7 @@ class LocksCollector(KvsCollector):
         for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n
-        snap.counters = array_counters(self.table("counters"), COUNTERS)
+        snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
 
     def contribute(self, profile: Profile) -> None:

@@ -66,12 +66,12 @@ class _Snapshot:
 
 class OffCpuCollector(StackCollector):
     name = "offcpu"
+    empty = _Snapshot
     fired_by = "tracepoint"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._data = DataNames(pid)
-        self._last = _Snapshot()
 
     def applies(self) -> str | None:
         why = super().applies()

@@ -42,11 +42,11 @@ class _Snapshot:
 
 class OnCpuCollector(StackCollector):
     name = "oncpu"
+    empty = _Snapshot
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._fds: list[int] = []
-        self._last = _Snapshot()
 
     def program(self) -> Program:
         return self.program_of([])

@@ -10,13 +10,14 @@ as the largest value of their bucket (kvprof.model.histogram): a bound within a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from kvprof import REPO
-from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, array_counters, map_items
+from kvprof.collect import HIST_SLOTS
+from kvprof.collect.bpf import KvsCollector, map_items, percpu_counters
 from kvprof.collect.cdefs import x_macro
 from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
@@ -27,6 +28,7 @@ COUNTERS = ("events", "map_full")  # the order of enum requests_counter
 OPCODES_H = REPO / "server" / "opcodes.h"  # KV_OPCODES: the cmd__* `opcode` numbers, in order
 
 
+@functools.cache  # the header is read once per path
 def opcode_names(header: Path = OPCODES_H) -> dict[int, str]:
     """kvcached's opcode numbers and names, read from its `KV_OPCODES` X-macro list (entry N
     is opcode N): {0: "get", 1: "gets", ...}."""
@@ -41,25 +43,21 @@ class _Snapshot:
 
 class RequestsCollector(KvsCollector):
     name = "requests"
+    empty = _Snapshot
     probes: ClassVar[dict[str, str]] = {"cmd__done": "requests_on_done"}
     instead = "per-opcode latency needs the server's own cmd__done probe"
-
-    def __init__(self, pid: int, opts: CollectOptions) -> None:
-        super().__init__(pid, opts)
-        self._last = _Snapshot()
-        self._opcodes = opcode_names()
 
     def _read(self) -> _Snapshot:
         snap = _Snapshot()
         for k, n in map_items(self.table("hist")):
             snap.hist.setdefault(k.opcode, [0] * HIST_SLOTS)[min(k.slot, HIST_SLOTS - 1)] += n
-        snap.counters = array_counters(self.table("counters"), COUNTERS)
+        snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
 
     def contribute(self, profile: Profile) -> None:
         snap = self.latest()
         for opcode, hist in sorted(snap.hist.items()):
-            name = self._opcodes.get(opcode, f"opcode_{opcode}")
+            name = opcode_names().get(opcode, f"opcode_{opcode}")
             profile.requests[name] = RequestStat(
                 count=sum(hist),
                 hist_log2_ns=hist,

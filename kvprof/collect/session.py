@@ -179,14 +179,15 @@ class Session:
                         with_bpf.append(collector)
                     else:
                         self._start(collector, None, on_state)
-                with _attach_priority():  # not py-spy's or perf's: they would inherit it
+                # not while py-spy or perf start (before) or py-spy record (after): they would inherit it
+                with _attach_priority():
                     for module, collectors in self._compile(with_bpf, on_state):
                         for collector in collectors:
                             self._start(collector, module, on_state)
-                if self._closed:
-                    return
-                if self._base is None:
-                    self._begin_window()
+                    if self._closed:
+                        return
+                    if self._base is None:
+                        self._begin_window()
                 for collector in at_window:
                     self._start(collector, None, on_state)
                 self.stats_before = self.target_stats.read()

@@ -11,8 +11,9 @@ target is gone; kernel symbols from BCC's /proc/kallsyms.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from bcc import BPF
 
@@ -26,6 +27,22 @@ TRACING_FRAMES = (
     "trace_call_bpf", "perf_syscall_enter", "perf_syscall_exit", "bpf_overflow_handler", "__uprobe_perf_func",
     "uprobe_perf_func", "uretprobe_perf_func",
 )  # fmt: skip
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(dict[K, V], Generic[K, V]):
+    """A dict that fills itself: memo[key] is make(key), made the first time it is asked for."""
+
+    def __init__(self, make: Callable[[K], V]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key: K) -> V:
+        value = self[key] = self.make(key)
+        return value
 
 
 def without_tracing(frames: list[str]) -> list[str]:
@@ -45,11 +62,11 @@ class Symbolizer:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self._names = ProcessSymbols(pid)
-        self._user: dict[int, str] = {}
-        self._kernel: dict[int, str] = {}
+        self._user = Memo(self._resolve)
+        self._kernel = Memo(_kernel_frame)
         # A stack in `ustacks` never changes (it is keyed by the stack's hash): a live
         # view reads the same stacks every second, so each is named once.
-        self._unwound: dict[tuple[tuple[int, ...], str], list[str]] = {}
+        self._unwound = Memo(self._unwind)
 
     def warm(self) -> None:
         """Read the target's mappings now, while it runs: each module's symbols
@@ -58,11 +75,7 @@ class Symbolizer:
         self._names.refresh()
 
     def user(self, addr: int) -> str:
-        frame = self._user.get(addr)
-        if frame is None:
-            frame = self._resolve(addr)
-            self._user[addr] = frame
-        return frame
+        return self._user[addr]
 
     def _resolve(self, addr: int) -> str:
         """`function`, `module+0xoffset` (module-relative), or [unknown]: never a bare address."""
@@ -89,22 +102,17 @@ class Symbolizer:
         a walk that stopped before the root starts with its marker."""
         if reason == "outside known code" and self.unwinder and self.unwinder.did_not_fit(ips[-1]):
             reason = "table full"  # known code whose pages did not fit: [truncated]
-        key = (tuple(ips), reason)
-        frames = self._unwound.get(key)
-        if frames is None:
-            frames = [self.user(a) for a in reversed(ips)]
-            if reason != "root":
-                frames.insert(0, MARKERS[reason])
-            self._unwound[key] = frames
-        return list(frames)
+        return list(self._unwound[(tuple(ips), reason)])
+
+    def _unwind(self, key: tuple[tuple[int, ...], str]) -> list[str]:
+        ips, reason = key
+        frames = [self.user(a) for a in reversed(ips)]
+        if reason != "root":
+            frames.insert(0, MARKERS[reason])
+        return frames
 
     def kernel(self, addr: int) -> str:
-        frame = self._kernel.get(addr)
-        if frame is None:
-            name = BPF.ksym(addr)
-            frame = (f"0x{addr:x}" if name in (b"[unknown]", b"") else name.decode(errors="replace")) + "_[k]"
-            self._kernel[addr] = frame
-        return frame
+        return self._kernel[addr]
 
     def stack(self, table: Any, stack_id: int, kernel: bool = False) -> list[str]:
         """Frames of a stack id from a BPF_STACK_TRACE table, root first; [] for a failed id."""
@@ -119,6 +127,11 @@ class Symbolizer:
         return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 
+def _kernel_frame(addr: int) -> str:
+    name = BPF.ksym(addr)
+    return (f"0x{addr:x}" if name in (b"[unknown]", b"") else name.decode(errors="replace")) + "_[k]"
+
+
 class DataNames:
     """Names of data addresses of one process (futex words): the object symbol
     that contains it (from the module and its debug file: `stats_lock`,
@@ -127,14 +140,13 @@ class DataNames:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._symbols = ProcessSymbols(pid)
-        self._names: dict[int, str] = {}
+        self._names = Memo(self._resolve)
 
     def name(self, addr: int) -> str:
-        found = self._names.get(addr)
-        if found is None:
-            found = self._symbols.object_name(addr) or f"{region_of(self.pid, addr)} 0x{addr:x}"
-            self._names[addr] = found
-        return found
+        return self._names[addr]
+
+    def _resolve(self, addr: int) -> str:
+        return self._symbols.object_name(addr) or f"{region_of(self.pid, addr)} 0x{addr:x}"
 
 
 def region_of(pid: int, addr: int) -> str:

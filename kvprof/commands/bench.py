@@ -147,6 +147,17 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kvprof.bench import BadOptions, BenchError
+
+    try:
+        return _bench(args)
+    except BadOptions as e:
+        return fail("bench", str(e))
+    except BenchError as e:
+        return fail("bench", f"error: {e}", 1)
+
+
+def _bench(args: argparse.Namespace) -> int:
     from kvprof.bench import command, instructions, scenarios
 
     if args.compare:

@@ -163,11 +163,13 @@ def _say(opts: ExporterOptions, line: str) -> None:
 def _attach_and_wait(opts: ExporterOptions, session: Session, collector: SessionCollector, where: str) -> int:
     """Attaches the session's collectors, then waits for the target's exit (status 1)."""
     from kvprof.collect.session import alive
+    from kvprof.system.attach import yield_cpu
 
     target = session.target
     n = len(session.names)
     _say(opts, f"Attaching to {target.comm} PID {target.pid} ({n} collectors, compiling BPF)...")
     session.start(on_state=collector.on_state)
+    yield_cpu()
     collector.attached = True
     attached = [n for n, s in session.status.collectors.items() if s == "ok"]
     _say(

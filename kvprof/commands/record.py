@@ -204,11 +204,13 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
     """Attach, collect for opts.duration (the progress shown when `show`) and read the
     profile: (it, whether Ctrl-C or SIGTERM stopped it early); None when nothing was."""
     from kvprof.collect import CollectError
+    from kvprof.system.attach import yield_cpu
 
     try:
         if show:
             _progress(f"  attaching {len(session.names)} collectors (compiling BPF programs)...")
         session.start()
+        yield_cpu()
         if show:  # a line of its own in a log, overwritten on a terminal
             _progress(
                 f"  attached {len(session.names)} collectors, collecting", final=not sys.stderr.isatty()

@@ -23,12 +23,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect import WATCH_NICE, CollectError, CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, NO_BPF, Session, TargetGone, describe_target, modules
 from kvprof.model.profile import Target
 
 NEEDS_ROOT = "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
 TRACEFS = Path("/sys/kernel/tracing")
+
+
+def yield_cpu() -> None:
+    """Every thread of this process to nice WATCH_NICE, once the collectors are attached.
+    What kvprof does from then on (reading maps, symbolizing, drawing top's screen) then
+    runs on CPU time the target leaves idle and gives way when the target's threads want
+    the CPU, instead of taking a share of it from a target that keeps the CPUs busy;
+    threads started later inherit it (docs/record.md, "Overhead")."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) < WATCH_NICE:
+                os.setpriority(os.PRIO_PROCESS, int(tid), WATCH_NICE)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def not_ours(pid: int) -> str:

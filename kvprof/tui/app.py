@@ -414,7 +414,14 @@ class TopApp(App[None]):
     # ---- actions -------------------------------------------------------------------------
 
     def action_view(self, view: str) -> None:
-        self.query_one(TabbedContent).active = view
+        tabs = self.query_one(TabbedContent)
+        if tabs.active != view:
+            # Let go of the focus first: a focused widget that its pane's hiding blurs hands
+            # the focus to a sibling Textual still counts as shown, and TabbedContent then
+            # shows that sibling's pane again, undoing the key (it happened to a key pressed
+            # right after the first frame). _tab_changed focuses the new view.
+            self.set_focus(None)
+            tabs.active = view
 
     def action_pause(self) -> None:
         self.paused = not self.paused

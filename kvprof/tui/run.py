@@ -88,7 +88,7 @@ def _main(opts: TopOptions) -> int:
     from kvprof.collect import CollectError
 
     try:
-        source = LiveSource(opts.pid, opts.hz, opts.collectors)
+        source = LiveSource(opts.pid, opts.hz, opts.collectors, yield_cpu=True)
     except CollectError as e:  # before the screen is taken
         return _fail(str(e))
     return _run(source, opts, baseline)
@@ -106,7 +106,7 @@ def _demo(opts: TopOptions, baseline: Profile | None) -> int:
         return _fail(str(e))
     failed: list[str] = []
     done = threading.Event()
-    source = LiveSource(server.pid, opts.hz, opts.collectors)
+    source = LiveSource(server.pid, opts.hz, opts.collectors, yield_cpu=True)
     source.start()
 
     def run_load() -> None:

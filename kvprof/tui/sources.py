@@ -103,7 +103,11 @@ class LiveSource:
 
     live = True
 
-    def __init__(self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, pid: int, hz: int = HZ, collectors: tuple[str, ...] = (), yield_cpu: bool = False
+    ) -> None:
+        """`yield_cpu`: once attached, the whole process drops to nice WATCH_NICE
+        (system.attach.yield_cpu): what `kvprof top` does; a test's process keeps its own."""
         from kvprof.collect import CollectOptions
         from kvprof.system.attach import open_session
 
@@ -114,6 +118,7 @@ class LiveSource:
         self.title = _title(target)
         self.command = " ".join(target.cmdline)
         self.label = "live"
+        self.yield_cpu = yield_cpu
         self.states: dict[str, str] = dict.fromkeys(self.session.names, "attaching")
         self.error = ""  # why nothing could attach
         self.compiling = ""  # the collector being compiled and attached now
@@ -172,9 +177,12 @@ class LiveSource:
     def _attach(self) -> None:
         from kvprof.collect import CollectError
         from kvprof.collect.session import TargetGone
+        from kvprof.system.attach import yield_cpu
 
         try:
             self.session.start(on_state=self._on_state)
+            if self.yield_cpu:
+                yield_cpu()
         except TargetGone:
             pass  # poll() sees it gone and says so
         except CollectError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -49,17 +50,25 @@ def matches(needle: str, cells: Iterable[object]) -> bool:
     return any(n in str(c).lower() for c in cells)
 
 
+def _cells(value: object) -> int:
+    """How many terminal cells a table cell's value takes on one line."""
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
+
+
 def fill(table: DataTable[object], rows: Sequence[tuple[str, Sequence[object]]]) -> None:
     """Replace the table's rows, keeping the highlighted one (by key) where it still is.
     The same rows as before (by key, in order) are updated cell by cell: clearing and
-    adding them again made Textual lay the screen out anew at every refresh."""
+    adding them again made Textual lay the screen out anew at every refresh. A column
+    widens for a wider cell and does not narrow for a narrower one: narrowing makes
+    Textual measure every cell of the column again, at every refresh."""
     columns = list(table.columns)
     same_rows = [k for k, _ in rows] == [rk.value for rk in table.rows]
     if same_rows and all(len(cells) == len(columns) for _, cells in rows):
         for k, cells in rows:
             for column, new, old in zip(columns, cells, table.get_row(k), strict=True):
                 if new != old:
-                    table.update_cell(k, column, new, update_width=True)
+                    wider = _cells(new) > table.columns[column].content_width
+                    table.update_cell(k, column, new, update_width=wider)
         return
     key = None
     if table.row_count and table.cursor_row >= 0:

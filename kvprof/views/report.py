@@ -12,8 +12,9 @@ from __future__ import annotations
 import textwrap
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from kvprof.analysis.findings import find, rank_key, summary
 from kvprof.analysis.hotspots import is_kernel, normalize
@@ -21,6 +22,8 @@ from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
 from kvprof.analysis.rows import (
     FunctionRow,
+    LineRow,
+    LockRow,
     ThreadRow,
     function_rows,
     line_rows,
@@ -32,6 +35,7 @@ from kvprof.analysis.tables import LINE_PROBE, sample_rate, socket_matrix
 from kvprof.model.profile import Finding, Profile
 
 WIDTH = 80
+R = TypeVar("R")
 REPORT_FORMAT = "kvprof-report"
 REPORT_VERSION = 1
 
@@ -293,6 +297,12 @@ def _section(title: str) -> list[str]:
     return ["", title, "-" * len(title)]
 
 
+def _table(title: str, header: str, empty: str, rows: Sequence[R], line: Callable[[R], str]) -> list[str]:
+    """A section that holds a table: its title, then the column header and a line per
+    row, or the one line that says it is empty."""
+    return [*_section(title), *([header, *map(line, rows)] if rows else [empty])]
+
+
 def _sampled_lines(profile: Profile, top: int) -> list[str]:
     """The cache lines found from sampled registers (kvprof.analysis.lines)."""
     if "regsample" not in profile.collectors:
@@ -342,52 +352,63 @@ def _findings_section(findings: list[Finding], many_sockets: bool) -> list[str]:
     return out
 
 
+def _function_line(r: FunctionRow) -> str:
+    name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
+    mark = " *" if r.hotspot else ""
+    return f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19)
+
+
 def _functions_section(profile: Profile, top: int) -> list[str]:
     total = sum(s.count for s in profile.oncpu)
     funcs = top_functions(profile, top)
-    out = _section(f"TOP FUNCTIONS ({total:,} on-CPU samples)")
-    if not funcs:
-        return [*out, "no on-CPU samples"]
-    out.append(f"{'self %':>7} {'total %':>8}  function")
-    for r in funcs:
-        name = normalize(r.function) + (" [k]" if is_kernel(r.function) else "")
-        mark = " *" if r.hotspot else ""
-        out.append(f"{r.self_share * 100:7.1f} {r.total_share * 100:8.1f}  " + _fit(name + mark, WIDTH - 19))
+    out = _table(
+        f"TOP FUNCTIONS ({total:,} on-CPU samples)",
+        f"{'self %':>7} {'total %':>8}  function",
+        "no on-CPU samples",
+        funcs,
+        _function_line,
+    )
     if any(r.hotspot for r in funcs):
         out.append("  * a known contention spot (see FINDINGS)")
     return out
 
 
+def _lock_line(lr: LockRow) -> str:
+    return (
+        f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
+        f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  " + _fit(lr.call_site, WIDTH - 51)
+    )
+
+
 def _locks_section(profile: Profile) -> list[str]:
-    locks = lock_rows(profile)
-    out = _section("LOCKS (contended acquisitions only)")
-    if not locks:
-        return [*out, "no contended lock"]
-    out.append(f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site")
-    for lr in locks:
-        out.append(
-            f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
-            f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  "
-            + _fit(lr.call_site, WIDTH - 51)
-        )
-    return out
+    return _table(
+        "LOCKS (contended acquisitions only)",
+        f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site",
+        "no contended lock",
+        lock_rows(profile),
+        _lock_line,
+    )
+
+
+def _line_line(cr: LineRow) -> str:
+    return (
+        f"{_fit(cr.site, 16):<17}{_fit(f'{cr.line:#x}', 14):>15}{_n(cr.updates_per_s):>12}"
+        f"{_n(cr.transfers_per_s):>12}{cr.cross_socket_share * 100:7.1f}{cr.cycles_mean:8.0f}{cr.writers:>5}"
+    )
 
 
 def _lines_section(profile: Profile, top: int, matrix: list[list[float]], many_sockets: bool) -> list[str]:
     lrows = line_rows(profile)
     rate = sample_rate(profile, LINE_PROBE)
-    out = _section("CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""))
-    if not lrows:
-        return [*out, "no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)"]
-    out.append(
-        f"{'site':<17}{'line':>15}{'updates/s':>12}{'transfers/s':>12}{'cross%':>7}{'cycles':>8}{'thr':>5}"
+    out = _table(
+        "CACHE LINES" + (f" (sampled 1 in {rate}, rates scaled)" if rate > 1 else ""),
+        f"{'site':<17}{'line':>15}{'updates/s':>12}{'transfers/s':>12}{'cross%':>7}{'cycles':>8}{'thr':>5}",
+        "no cache-line samples" if profile.target.kvs_probes else "no data (no kvs probes)",
+        lrows[: max(top, 1)],
+        _line_line,
     )
-    for cr in lrows[: max(top, 1)]:
-        out.append(
-            f"{_fit(cr.site, 16):<17}{_fit(f'{cr.line:#x}', 14):>15}{_n(cr.updates_per_s):>12}"
-            f"{_n(cr.transfers_per_s):>12}{cr.cross_socket_share * 100:7.1f}{cr.cycles_mean:8.0f}"
-            f"{cr.writers:>5}"
-        )
+    if not lrows:
+        return out
     if len(lrows) > top:
         out.append(f"... and {len(lrows) - top} more lines")
     if many_sockets and matrix:
@@ -399,21 +420,26 @@ def _lines_section(profile: Profile, top: int, matrix: list[list[float]], many_s
     return out
 
 
+def _thread_line(th: ThreadRow) -> str:
+    q = "-" if th.stack_quality is None else f"{(1 - th.stack_quality) * 100:.0f}%"
+    return (
+        f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
+        f"{_fit(_sockets(th) or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
+    )
+
+
 def _threads_section(profile: Profile) -> list[str]:
     trows = thread_rows(profile)
-    out = _section("THREADS")
-    if not trows:
-        return [*out, "no thread data"]
-    out.append(
-        f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}"
-        f"{'offcpu ms':>10}{'stk ok':>7}"
+    out = _table(
+        "THREADS",
+        f"{'tid':>7} {'name':<16}{'samples':>8}{'CPU %':>7} {'sockets':<10}{'lock ms':>8}{'offcpu ms':>10}"
+        f"{'stk ok':>7}",
+        "no thread data",
+        trows,
+        _thread_line,
     )
-    for th in trows:
-        q = "-" if th.stack_quality is None else f"{(1 - th.stack_quality) * 100:.0f}%"
-        out.append(
-            f"{_fit(th.tid, 7):>7} {_fit(th.name, 15):<16}{th.samples:>8}{th.cpu_share * 100:7.1f} "
-            f"{_fit(_sockets(th) or '-', 9):<10}{_n(th.lock_wait_ms):>8}{_n(th.offcpu_ms):>10}{q:>7}"
-        )
+    if not trows:
+        return out
     out.append("  stk ok: share of the thread's on-CPU stacks that reached the thread's entry")
     stops: dict[str, int] = defaultdict(int)
     for info in profile.threads.values():
@@ -431,13 +457,13 @@ def _requests_section(profile: Profile) -> list[str]:
     rrows = request_rows(profile)
     if not rrows and not profile.target.kvs_probes:
         return []
-    out = _section("REQUESTS (sampled)")
-    if not rrows:
-        return [*out, "no requests sampled"]
-    out.append(f"{'opcode':<12}{'count':>12}{'p50 µs':>12}{'p99 µs':>12}")
-    for rq in rrows:
-        out.append(f"{_fit(rq.opcode, 11):<12}{rq.samples:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}")
-    return out
+    return _table(
+        "REQUESTS (sampled)",
+        f"{'opcode':<12}{'count':>12}{'p50 µs':>12}{'p99 µs':>12}",
+        "no requests sampled",
+        rrows,
+        lambda rq: f"{_fit(rq.opcode, 11):<12}{rq.samples:>12,}{_n(rq.p50_us):>12}{_n(rq.p99_us):>12}",
+    )
 
 
 def render_text(profile: Profile, top: int = 15) -> str:

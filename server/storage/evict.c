@@ -10,6 +10,25 @@
 
 #define EVICT_SEARCH_MAX 50 /* LRU tail items looked at per allocation */
 
+/* With the class lock and the item's stripe lock `l` held: `it` out of the
+ * hash table (then `l` is let go) and out of the LRU, counted as evicted
+ * (reason < 0: it was alive) or reclaimed (it was dead already). */
+static void take_out_locked(slabclass_t *c, item *it, kv_lock_t *l, int reason)
+{
+    hash_remove(it);
+    kv_unlock(l);
+    lru_unlink_locked(c, it);
+    if (reason < 0) {
+        reason = DEL_EVICT;
+        c->evicted++;
+    } else {
+        c->reclaimed++;
+        if (reason == DEL_EXPIRE && !iflag_test(it, ITEM_FETCHED))
+            c->expired_unfetched++;
+    }
+    on_unlinked(it, reason);
+}
+
 /* With the class lock held: reuse the chunk of an item from the LRU tail.
  * Expired and flushed items go first; an item read since eviction last saw
  * it gets a second chance at the head (CLOCK). The victim's stripe lock is
@@ -34,18 +53,7 @@ static item *evict_locked(slabclass_t *c)
             search = prev;
             continue;
         }
-        hash_remove(search);
-        kv_unlock(l);
-        lru_unlink_locked(c, search);
-        if (reason < 0) {
-            reason = DEL_EVICT;
-            c->evicted++;
-        } else {
-            c->reclaimed++;
-            if (reason == DEL_EXPIRE && !iflag_test(search, ITEM_FETCHED))
-                c->expired_unfetched++;
-        }
-        on_unlinked(search, reason);
+        take_out_locked(c, search, l, reason);
         return search;
     }
     return NULL;
@@ -64,17 +72,7 @@ static int empty_page_locked(slabclass_t *victim, char *page)
         kv_lock_t *l = stripe_of(it->hv);
         if (!iflag_test(it, ITEM_LINKED) || !kv_trylock(l))
             return 0;
-        int reason = dead_reason(it, now);
-        hash_remove(it);
-        kv_unlock(l);
-        lru_unlink_locked(victim, it);
-        if (reason < 0) {
-            reason = DEL_EVICT;
-            victim->evicted++;
-        } else {
-            victim->reclaimed++;
-        }
-        on_unlinked(it, reason);
+        take_out_locked(victim, it, l, dead_reason(it, now));
         slabs_free_chunk_locked(victim, it);
     }
     return 1;

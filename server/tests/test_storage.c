@@ -158,6 +158,30 @@ static void test_eviction(void)
     teardown();
 }
 
+/* A page moved to another class counts its expired, never-read items as
+ * expired_unfetched, as eviction from the LRU tail does. */
+static void test_page_move_counts_expired_unfetched(void)
+{
+    setup(KEY_COMPARE_INLINE);
+    static char value[1001];
+    memset(value, 'v', 1000);
+    char key[32];
+    for (int i = 0; i < 5000; i++) { /* more than fits: memory is full */
+        snprintf(key, sizeof(key), "old-%d", i);
+        put(key, value, STORE_SET, 0, 1); /* expired from the start, never read */
+    }
+    struct items_totals before, after;
+    items_totals(&before);
+    static char big[200001];
+    memset(big, 'b', 200000);
+    uint64_t moved = slabs_moved();
+    CHECK(put("big", big, STORE_SET, 0, 0) == STORE_STORED && slabs_moved() == moved + 1, "a page moved");
+    items_totals(&after);
+    CHECK(after.expired_unfetched > before.expired_unfetched, "its expired items count as expired_unfetched");
+    CHECK(after.reclaimed > before.reclaimed, "and as reclaimed");
+    teardown();
+}
+
 static void test_second_chance(void)
 {
     setup(KEY_COMPARE_INLINE);
@@ -244,6 +268,7 @@ int main(void)
     test_hash(KEY_COMPARE_INDIRECT);
     test_life();
     test_eviction();
+    test_page_move_counts_expired_unfetched();
     test_second_chance();
     test_store_ops();
     test_arith();
