@@ -36,13 +36,14 @@ from support import (
     bpf_unavailable,
     memcached_args,
     sanitized,
+    start_ready,
     stop_contend,
     vmrss_mb,
 )
 
 from kvprof import REPO
 from kvprof.collect.pyspy import binary as pyspy_binary
-from kvprof.system.servers import Server, die_with_parent, kvcached_binary, start_kvcached, start_memcached
+from kvprof.system.servers import Server, kvcached_binary, start_kvcached, start_memcached
 
 AGAINST = os.environ.get("KVPROF_TEST_AGAINST", "kvcached")
 if AGAINST not in ("kvcached", "memcached"):
@@ -180,16 +181,7 @@ def contend(contend_binary: Path) -> Iterator[Callable[[], subprocess.Popen[byte
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [str(contend_binary), "60"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            preexec_fn=die_with_parent,
-        )
-        started.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n"
-        return proc
+        return start_ready([contend_binary, "60"], started)
 
     yield start
     for proc in started:

@@ -49,7 +49,7 @@ from kvprof.model.profile import (
     ThreadWaits,
     Window,
 )
-from kvprof.system.servers import Server, kvload_binary
+from kvprof.system.servers import Server, die_with_parent, kvload_binary
 
 if TYPE_CHECKING:
     from textual.pilot import Pilot
@@ -454,6 +454,18 @@ def bpf_frames(profile: Profile) -> dict[str, list[list[str]]]:
 # ---- a known C workload without kvs probes (tests/programs/contend.c) ------------------
 
 CONTEND_SOURCE = TESTS / "programs" / "contend.c"
+
+
+def start_ready(argv: list[str | Path], started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Start a program that prints `ready` once set up and runs until its stdin
+    closes (contend.c and its kind), added to `started` before it is waited for."""
+    proc = subprocess.Popen(
+        [str(a) for a in argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent
+    )
+    started.append(proc)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
 
 
 def stop_contend(proc: subprocess.Popen[bytes]) -> None:

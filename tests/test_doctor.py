@@ -190,7 +190,7 @@ def test_frame_pointers_of_kvcached_and_libc() -> None:
     if not kvcached.is_file():
         pytest.skip("kvcached is not built (make -C server)")
     assert doctor.frame_pointers(kvcached).verdict == "yes"
-    libc = doctor._libc_of(None)
+    libc = doctor.libc_of(None)
     assert libc is not None
     fp = doctor.frame_pointers(libc)
     assert fp.verdict in ("no", "yes", "partial") and "prologues" in fp.evidence

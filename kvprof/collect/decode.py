@@ -15,9 +15,9 @@ there), `segment` (%fs:/%gs:-relative: the segment base is not in the
 registers), `clobbered` (the instruction itself overwrote a register its
 address is made of, so the sampled value is not the one it used).
 
-Data symbols: an address in a file mapping is named from the file's
-`.symtab`/`.dynsym` OBJECT symbols (`shared_items`, `stats+0x8`); anything
-else is `heap 0x...` (anonymous memory and [heap]) or `stack 0x...`.
+Data symbols: an address in a file mapping is named from the OBJECT symbols
+of the file and its debug file (`shared_items`, `stats+0x8`); anything else
+is `heap 0x...` (anonymous memory and [heap]) or `stack 0x...`.
 
 No bcc here: tests drive it on any process.
 """
@@ -25,11 +25,12 @@ No bcc here: tests drive it on any process.
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import capstone
 from capstone import x86
+
+from kvprof.collect.debuginfo import FileMap, ProcessSymbols
 
 # Register order of `struct sample_t.regs` in probes/regsample.bpf.c.
 REGS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
@@ -128,82 +129,14 @@ def _classify(md: capstone.Cs, insn: capstone.CsInsn, skid: bool) -> Decoded:
 # ---- the target's memory and symbols ------------------------------------
 
 
-@dataclass
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str  # "" for anonymous, "[heap]", "[stack]", a file
-
-
-def read_maps(pid: int) -> list[Mapping]:
-    """The target's /proc/PID/maps ([] when it is gone)."""
-    out = []
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                cols = line.split(maxsplit=5)
-                lo, hi = cols[0].split("-")
-                path = cols[5].strip() if len(cols) > 5 else ""
-                out.append(Mapping(int(lo, 16), int(hi, 16), cols[1], int(cols[2], 16), path))
-    except (OSError, ValueError, IndexError):
-        return []
-    return out
-
-
-@dataclass
-class _ElfSymbols:
-    """FUNC and OBJECT symbols of one ELF file, by link-time address, and the
-    link-time address ranges of its PT_LOAD segments."""
-
-    funcs: list[tuple[int, int, str]] = field(default_factory=list)  # (address, size, name) sorted
-    objects: list[tuple[int, int, str]] = field(default_factory=list)
-    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, vaddr, memsz)
-
-    @classmethod
-    def read(cls, path: str) -> _ElfSymbols:
-        from kvprof.collect.elf import PT_LOAD, STT_FUNC, STT_OBJECT, STT_TLS, ElfFile, ProbesError
-
-        syms = cls()
-        try:
-            elf = ElfFile(path)
-        except ProbesError:
-            return syms
-        syms.loads = [(seg.offset, seg.vaddr, seg.memsz) for seg in elf.segments if seg.type == PT_LOAD]
-        seen: set[tuple[int, str]] = set()
-        for table in (".symtab", ".dynsym"):
-            for value, size, name, kind in elf.symbols(table, (STT_FUNC, STT_OBJECT, STT_TLS)):
-                if not value or (value, name) in seen:
-                    continue
-                seen.add((value, name))
-                (syms.funcs if kind == STT_FUNC else syms.objects).append((value, size, name.split("@")[0]))
-        syms.funcs.sort()
-        syms.objects.sort()
-        return syms
-
-    @staticmethod
-    def find(table: list[tuple[int, int, str]], vaddr: int) -> tuple[int, int, str] | None:
-        i = bisect_right(table, (vaddr, 1 << 64, "")) - 1
-        while i >= 0:
-            start, size, _ = table[i]
-            if start <= vaddr < start + max(size, 1):
-                return table[i]
-            if start + max(size, 1) <= vaddr and size:
-                return None
-            i -= 1
-        return None
-
-
 class Process:
     """Code and data of one live process: instruction bytes from its memory (the
     code that runs, even when the file on disk was replaced), symbols from its
-    mapped files (through /proc/PID/map_files when the path no longer holds them)."""
+    mapped files and their debug files (kvprof.collect.debuginfo)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.maps: list[Mapping] = []
-        self._elf: dict[str, _ElfSymbols] = {}
+        self.symbols = ProcessSymbols(pid)
         self._md = _disassembler()
         self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._functions: dict[int, dict[int, int]] = {}
@@ -211,16 +144,10 @@ class Process:
         self.refresh()
 
     def refresh(self) -> None:
-        maps = read_maps(self.pid)
-        if maps:
-            self.maps = maps
+        self.symbols.refresh()
 
-    def mapping(self, addr: int) -> Mapping | None:
-        starts = [m.start for m in self.maps]
-        i = bisect_right(starts, addr) - 1
-        if i >= 0 and addr < self.maps[i].end:
-            return self.maps[i]
-        return None
+    def mapping(self, addr: int) -> FileMap | None:
+        return self.symbols.mapping(addr)
 
     def read(self, addr: int, size: int) -> bytes:
         if not 0 <= addr < 1 << 63:  # no user address: pread takes a signed offset
@@ -236,69 +163,20 @@ class Process:
         finally:
             os.close(fd)
 
-    def _symbols(self, m: Mapping) -> _ElfSymbols:
-        syms = self._elf.get(m.path)
-        if syms is None:
-            path = m.path.removesuffix(" (deleted)")
-            via = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
-            # map_files is the very file mapped, even after a replacement on disk
-            syms = _ElfSymbols.read(via) if os.path.exists(via) else _ElfSymbols.read(path)
-            self._elf[m.path] = syms
-        return syms
-
-    def _file(self, addr: int) -> tuple[Mapping, _ElfSymbols, int] | None:
-        """The mapped ELF file whose loaded image holds `addr` (its .bss too, an
-        anonymous mapping after the file's own), and addr's link-time address."""
-        m = self.mapping(addr)
-        if m is not None and not m.path.startswith("/") and m.path not in ("", "[heap]"):
-            return None
-        i = self.maps.index(m) if m is not None else bisect_right([x.start for x in self.maps], addr)
-        owner = m if m is not None and m.path.startswith("/") else None
-        if owner is None:  # the nearest file mapped below
-            owner = next((x for x in reversed(self.maps[:i]) if x.path.startswith("/")), None)
-        if owner is None:
-            return None
-        first = next((x for x in self.maps if x.path == owner.path and x.offset == 0), None)
-        syms = self._symbols(owner)
-        if first is None or not syms.loads:
-            return None
-        # the load bias: where the segment at file offset 0 was mapped, less its link address
-        bias = first.start - min(syms.loads, key=lambda seg: seg[0])[1]
-        vaddr = addr - bias
-        if any(va <= vaddr < va + size for _, va, size in syms.loads):
-            return owner, syms, vaddr
-        return None
-
     def function(self, ip: int) -> tuple[str, int, int] | None:
         """(name, start address in the process, size) of the function holding `ip`."""
-        found = self._file(ip)
-        if found is None:
-            return None
-        _, syms, vaddr = found
-        sym = syms.find(syms.funcs, vaddr)
-        return None if sym is None else (sym[2], ip - (vaddr - sym[0]), sym[1])
+        return self.symbols.function(ip)
 
     def function_name(self, ip: int) -> str:
         """The function holding `ip`, `module+0xoffset` without a symbol, else `0x...`."""
-        func = self.function(ip)
-        if func is not None:
-            return func[0]
-        found = self._file(ip)
-        if found is not None:
-            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{found[2]:x}"
-        return f"0x{ip:x}"
+        return self.symbols.function_name(ip) or f"0x{ip:x}"
 
     def data_symbol(self, addr: int) -> str:
         """`name`, `name+0x8`, or `heap 0x...`/`stack 0x...`."""
+        name = self.symbols.object_name(addr)
+        if name is not None:
+            return name
         m = self.mapping(addr)
-        found = self._file(addr)
-        if found is not None:
-            _, syms, vaddr = found
-            sym = syms.find(syms.objects, vaddr)
-            if sym is not None:
-                off = vaddr - sym[0]
-                return sym[2] if off == 0 else f"{sym[2]}+0x{off:x}"
-            return f"{os.path.basename(found[0].path.removesuffix(' (deleted)'))}+0x{vaddr:x}"
         kind = "heap" if m is None or m.path in ("", "[heap]") else m.path.strip("[]").split(":")[0]
         return f"{kind} 0x{addr:x}"
 

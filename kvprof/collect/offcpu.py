@@ -71,7 +71,7 @@ class OffCpuCollector(StackCollector):
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
-        self._data = DataNames(pid, self.unwinder)
+        self._data = DataNames(pid)
 
     def applies(self) -> str | None:
         why = super().applies()
@@ -87,10 +87,6 @@ class OffCpuCollector(StackCollector):
 
     def program(self) -> Program:
         return self.program_of([f"-DOFFCPU_STACK_SAMPLE={self.opts.offcpu_sample}"])
-
-    def _attach(self, module: Module) -> None:
-        super()._attach(module)
-        self._data.unwinder = self.unwinder
 
     def program_names(self, module: Module) -> list[str]:
         return [*super().program_names(module), "raw_tracepoint__sched_switch"]

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class, follow
 from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
+from kvprof.collect.procroot import ns_pid
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
@@ -72,7 +73,7 @@ def describe_target(pid: int) -> Target:
         raise TargetGone(f"PID {pid} ({comm}) is a kernel thread or has exited: nothing to profile") from None
     with open(f"{proc}/cmdline", "rb") as f:
         cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    return Target(pid=pid, comm=comm, exe=exe, cmdline=cmdline, kvs_probes=False)
+    return Target(pid=pid, comm=comm, exe=exe, cmdline=cmdline, kvs_probes=False, ns_pid=ns_pid(pid))
 
 
 def alive(pid: int) -> bool:

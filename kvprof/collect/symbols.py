@@ -2,15 +2,15 @@
 binary has no symbol there, never a dropped frame. Kernel frames end in
 `_[k]`, as folded stacks mark them.
 
-Symbols of a process are resolved while it runs (BCC reads /proc/PID/maps
-lazily), so collectors symbolize at every read, and the cache here keeps
-what was resolved once the target is gone.
+User symbols come from each module and its debug file
+(kvprof.collect.debuginfo), read while the target runs, so collectors
+symbolize at every read, and the cache here keeps what was resolved once the
+target is gone; kernel symbols from BCC's /proc/kallsyms.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from bcc import BPF
 
 from kvprof.collect import INLINE_FRAMES, inline
-from kvprof.collect.elf import STT_OBJECT, ElfFile, ProbesError
+from kvprof.collect.debuginfo import ProcessSymbols
 from kvprof.collect.gosym import GoSymbols
 from kvprof.collect.unwind import MARKERS, Mapping, Unwinder
 from kvprof.model.profile import INLINED
@@ -68,6 +68,7 @@ class Symbolizer:
         self.pid = pid
         self.unwinder = unwinder  # its mappings give module-relative offsets and the vdso's symbols
         self.inlines = inlines
+        self._names = ProcessSymbols(pid)
         self._user = Memo(self._resolve)
         self._at = Memo(self._frames_at)
         self._dwarf: dict[str, inline.ModuleInlines | None] = {}  # mapped path -> its inline tables
@@ -78,13 +79,10 @@ class Symbolizer:
         self._unwound = Memo(self._unwind)
 
     def warm(self) -> None:
-        """Read the target's memory map now, while it runs: BCC loads each
-        module's symbols lazily from its file, so addresses seen before the
-        target died still resolve after it is gone."""
-        try:
-            BPF._sym_cache(self.pid)
-        except Exception:  # gone already: frames fall back to addresses
-            pass
+        """Read the target's mappings now, while it runs: each module's symbols
+        are read at its first address, from the host's file of the same inode
+        once the target is gone (kvprof.collect.procroot.mapped_file)."""
+        self._names.refresh()
 
     def user(self, addr: int) -> str:
         return self._user[addr]
@@ -135,16 +133,11 @@ class Symbolizer:
             return "[uprobes]"  # the kernel's trampoline that runs an optimized uprobe
         if m is not None and not m.path.startswith("/"):
             return "[unknown]"  # anonymous memory: JIT code
-        try:
-            name, offset, module = BPF._sym_cache(self.pid).resolve(addr, True)
-        except Exception:  # the process is gone and was never resolved
-            name, offset, module = None, addr, None
-        if name:
-            return str(name.decode(errors="replace"))
+        name = self._names.function_name(addr)  # debug files too (kvprof.collect.debuginfo)
+        if name is not None:
+            return name
         if m is not None:
             return self._go.name(self.pid, m, addr - m.bias) or f"{m.name}+0x{addr - m.bias:x}"
-        if module:
-            return f"{os.path.basename(module.decode(errors='replace'))}+0x{offset:x}"
         return "[unknown]"
 
     def unwound(self, ips: list[int], reason: str) -> list[str]:
@@ -188,52 +181,19 @@ def _kernel_frame(addr: int) -> str:
 
 class DataNames:
     """Names of data addresses of one process (futex words): the object symbol
-    that contains it (`.symtab`, `.dynsym`: `stats_lock`, `server+0x8`), else
-    `heap 0x...` / `stack 0x...` by the mapping it lies in."""
+    that contains it (from the module and its debug file: `stats_lock`,
+    `server+0x8`), else `heap 0x...` / `stack 0x...` by the mapping it lies in."""
 
-    def __init__(self, pid: int, unwinder: Unwinder) -> None:
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.unwinder = unwinder  # its mappings give each module's load bias
-        self._objects: dict[str, list[tuple[int, int, str]]] = {}
+        self._symbols = ProcessSymbols(pid)
         self._names = Memo(self._resolve)
-
-    def _symbols(self, path: str, source: str) -> list[tuple[int, int, str]]:
-        if path not in self._objects:
-            self._objects[path] = object_symbols(source)
-        return self._objects[path]
 
     def name(self, addr: int) -> str:
         return self._names[addr]
 
     def _resolve(self, addr: int) -> str:
-        seen = set()
-        for m in self.unwinder.mappings:
-            if not m.path.startswith("/") or m.path in seen or m.why:
-                continue
-            seen.add(m.path)
-            syms = self._symbols(m.path, f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}")
-            rel = addr - m.bias
-            i = bisect.bisect_right(syms, (rel, 1 << 64, "")) - 1
-            if i >= 0 and syms[i][0] <= rel < syms[i][1]:
-                off = rel - syms[i][0]
-                return syms[i][2] + (f"+0x{off:x}" if off else "")
-        return f"{region_of(self.pid, addr)} 0x{addr:x}"
-
-
-def object_symbols(path: str) -> list[tuple[int, int, str]]:
-    """(start, end, name) of the data objects in an ELF file's symbol tables, sorted."""
-    try:
-        elf = ElfFile(path)
-    except ProbesError:
-        return []
-    return sorted(
-        {
-            (value, value + size, name)
-            for table in (".symtab", ".dynsym")
-            for value, size, name, _ in elf.symbols(table, (STT_OBJECT,))
-            if size
-        }
-    )
+        return self._symbols.object_name(addr) or f"{region_of(self.pid, addr)} 0x{addr:x}"
 
 
 def region_of(pid: int, addr: int) -> str:

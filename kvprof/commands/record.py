@@ -208,7 +208,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     how_long = "until Ctrl-C" if opts.duration is None else f"for {opts.duration:g} s"
     end = _BANNER_END["bpf" if bpf else session.modules["oncpu"]]
     if not opts.quiet:
-        print(f"Profiling {target.comm} PID {target.pid} {how_long} at {opts.hz} Hz{end}", file=sys.stderr)
+        print(f"Profiling {target.comm} {target.pids} {how_long} at {opts.hz} Hz{end}", file=sys.stderr)
     with stop_on_signals():
         profile, interrupted = _collect(session, opts, show=bpf and not opts.quiet)
     if profile is None:

@@ -45,6 +45,19 @@ class Target:
     exe: str = ""
     cmdline: list[str] = field(default_factory=list)
     kvs_probes: bool = False
+    ns_pid: int | None = None  # its PID in its own PID namespace (a container's), when not the host's
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields; `ns_pid` only for a target in another PID namespace."""
+        d = asdict(self)
+        if self.ns_pid is None:
+            del d["ns_pid"]
+        return d
+
+    @property
+    def pids(self) -> str:
+        """`PID 1234`, or `PID 1234 (1 in its namespace)`."""
+        return f"PID {self.pid}" + (f" ({self.ns_pid} in its namespace)" if self.ns_pid is not None else "")
 
 
 @dataclass
@@ -272,6 +285,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
+        body["target"] = self.target.to_dict()
         return {
             "format": FORMAT,
             "version": VERSION,

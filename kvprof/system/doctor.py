@@ -25,9 +25,14 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvprof import SERVER_BUILD
 from kvprof.collect.elf import ElfFile, ProbesError, open_process
+from kvprof.system.debugpkg import fix_debug_info, same_root
+
+if TYPE_CHECKING:
+    from kvprof.collect import debuginfo
 
 KVCACHED = SERVER_BUILD / "kvcached"
 
@@ -396,7 +401,7 @@ def frame_pointers(path: Path) -> FramePointers:
     return FramePointers(verdict, f"{share:.0%} of {len(sample)} function prologues set up %rbp")
 
 
-def _libc_of(pid: int | None) -> Path | None:
+def libc_of(pid: int | None) -> Path | None:
     maps = Path(f"/proc/{pid}/maps") if pid else Path("/proc/self/maps")
     try:
         text = maps.read_text()
@@ -413,7 +418,7 @@ def _modules(pid: int | None) -> list[tuple[str, Path]]:
     """(label, file) of the target's executable modules: mapped ones with -p, else kvcached and libc."""
     if pid is None:
         found = [("kvcached", KVCACHED)] if KVCACHED.is_file() else []
-        libc = _libc_of(None)
+        libc = libc_of(None)
         return found + ([(libc.name, libc)] if libc is not None else [])
     out: dict[str, tuple[str, Path]] = {}
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
@@ -473,6 +478,49 @@ def check_unwind_info(pid: int | None) -> list[Check]:
     return checks
 
 
+# ---- debug info ---------------------------------------------------------------------
+
+
+def check_module(label: str, path: str, syms: debuginfo.Symbols, host_file: bool) -> Check:
+    """The debug-info check of one module whose symbols are `syms`; `host_file`: the
+    host has the file the target maps (its own root), so dpkg -S can name its package."""
+    if syms.full:
+        where = f" ({syms.debug_file})" if syms.debug_file else ""
+        return Check("debug info", OK, f"{label}: function names from {syms.source}{where}")
+    what = f"only its exported functions (.dynsym, {len(syms.funcs):,})" if syms.funcs else "no symbols"
+    return Check(
+        "debug info",
+        WARN,
+        f"{label}: no debug file and no .symtab: {what}; its internal functions show as "
+        f"the exported ones around them or as {label}+0x...",
+        fix_debug_info(path, label, host_file),
+    )
+
+
+def check_debug_info(pid: int | None) -> list[Check]:
+    """Per module of the target (-p), else of kvcached and the doctor's own libc: where
+    its function names come from (kvprof.collect.debuginfo), and for one with only
+    `.dynsym`, the package that adds the rest (kvprof.system.debugpkg)."""
+    from kvprof.collect.debuginfo import ProcessSymbols, module_symbols  # pyelftools, no BCC
+
+    if pid is None:
+        files = [p for p in (KVCACHED, libc_of(None)) if p is not None and Path(p).is_file()]
+        return [check_module(Path(p).name, str(p), module_symbols(str(p)), True) for p in files]
+    process = ProcessSymbols(pid)
+    if not process.refresh():
+        why = f"cannot read PID {pid}'s mappings"
+        return [Check("debug info", WARN, why, "kvprof doctor -p PID   (a live process)")]
+    host_file = same_root(pid)
+    checks: list[Check] = []
+    seen: set[str] = set()
+    for m in process.maps:
+        if m.path.startswith("/") and "x" in m.perms and m.path not in seen:
+            seen.add(m.path)
+            path = m.path.removesuffix(" (deleted)")
+            checks.append(check_module(m.name, path, process.module(m)[0], host_file))
+    return checks
+
+
 # ---- all of it ----------------------------------------------------------------------
 
 
@@ -492,6 +540,7 @@ def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = Tru
         checks.append(check_bcc())
     checks.append(check_pmu())
     checks.extend(check_unwind_info(pid))
+    checks.extend(check_debug_info(pid))
     return checks
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kvprof.collect import HZ, INLINE_FRAMES
-from kvprof.model.profile import Profile
+from kvprof.model.profile import Profile, Target
 from kvprof.tui.data import Sample
 
 if TYPE_CHECKING:
@@ -54,8 +54,9 @@ class Source(Protocol):
     def wait_change(self, timeout: float) -> None: ...
 
 
-def _title(comm: str, pid: int) -> str:
-    return f"{comm or 'PID'} PID {pid}" if comm else f"PID {pid}"
+def _title(target: Target) -> str:
+    """`kvcached PID 1234`, `PID 1234 (1 in its namespace)` for a target in a container."""
+    return f"{target.comm} {target.pids}" if target.comm else target.pids
 
 
 class ReplaySource:
@@ -68,7 +69,7 @@ class ReplaySource:
         self.profile = Profile.load(self.path)  # ProfileError says why, before the screen is taken
         t = self.profile.target
         self.pid = t.pid
-        self.title = _title(t.comm, t.pid)
+        self.title = _title(t)
         self.command = " ".join(t.cmdline)
         self.label = f"replay of {self.path.name}"
         self._done = False
@@ -119,7 +120,7 @@ class LiveSource:
         self.session: Session = open_session(pid, collectors, CollectOptions(hz=hz, inline=inline, live=True))
         target = self.session.target
         self.pid = pid
-        self.title = _title(target.comm, pid)
+        self.title = _title(target)
         self.command = " ".join(target.cmdline)
         self.label = "live"
         self.yield_cpu = yield_cpu

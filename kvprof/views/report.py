@@ -120,7 +120,7 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "target": asdict(profile.target),
+        "target": profile.target.to_dict(),
         "window": asdict(profile.window),
         "hz": profile.hz,
         "collectors": collector_states(profile),
@@ -215,7 +215,7 @@ def _header(profile: Profile) -> list[str]:
     t = profile.target
     lines = []
     who = t.comm or (t.exe.rsplit("/", 1)[-1] if t.exe else "?")
-    lines.append(_fit(f"kvprof report: {who} PID {t.pid}", WIDTH))
+    lines.append(_fit(f"kvprof report: {who} {t.pids}", WIDTH))
     if t.cmdline:
         lines.extend(_wrap(" ".join(t.cmdline), "    ", "  command: "))
     when = (
