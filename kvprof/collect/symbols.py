@@ -133,12 +133,16 @@ class Symbolizer:
             return "[uprobes]"  # the kernel's trampoline that runs an optimized uprobe
         if m is not None and not m.path.startswith("/"):
             return "[unknown]"  # anonymous memory: JIT code
-        name = self._names.function_name(addr)  # debug files too (kvprof.collect.debuginfo)
+        found = self._names.function(addr)  # debug files too (kvprof.collect.debuginfo)
+        if found is not None:
+            return found[0]
+        go = self._go.name(self.pid, m, addr - m.bias) if m is not None else None
+        if go:  # a Go binary without .symtab: its .gopclntab
+            return go
+        name = self._names.function_name(addr)  # module+0xoffset
         if name is not None:
             return name
-        if m is not None:
-            return self._go.name(self.pid, m, addr - m.bias) or f"{m.name}+0x{addr - m.bias:x}"
-        return "[unknown]"
+        return f"{m.name}+0x{addr - m.bias:x}" if m is not None else "[unknown]"
 
     def unwound(self, ips: list[int], reason: str) -> list[str]:
         """Frames of a stack walked by probes/unwind.h (ips leaf first), root first;
