@@ -199,8 +199,10 @@ def test_prometheus_scrapes_lock_and_cacheline_series(
     kvcached_factory: Callable[..., Server], started: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     """Prometheus scrapes the exporter on baseline kvcached: lock-wait and cache-line series per thread
-    and socket grow between scrapes; SIGTERM detaches everything."""
-    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    and socket grow between scrapes; SIGTERM detaches everything. Every contended wait fires
+    the lock probe (--lock-sample 1): with the default sampling a loaded machine can leave a
+    scrape interval without a sampled topkeys wait, and the series would not grow."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline", "--lock-sample", "1")
     load = [str(kvload_binary()), f"--server={server.address}", "--duration=90", "--quiet"]
     load += ["--num-threads=1", "--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]
     started.append(subprocess.Popen(load, stdout=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent))
