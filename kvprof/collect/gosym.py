@@ -22,8 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
+from kvprof.collect.elf import ElfFile, ProbesError
+
+EM_X86_64 = 62  # e_machine
 
 
 class Mapping(Protocol):
@@ -43,24 +44,22 @@ GO_NOTE = (
 
 def _go_sections(path: str) -> tuple[bytes, int, bool] | None:
     """(.gopclntab's bytes, .text's address, whether x86-64) of an ELF file built by Go's
-    linker; None for any other file. Only the section headers and that section are read."""
+    linker; None for any other file."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            tab, text = elf.get_section_by_name(".gopclntab"), elf.get_section_by_name(".text")
-            if tab is None or text is None:
-                return None
-            return tab.data(), int(text["sh_addr"]), elf["e_machine"] == "EM_X86_64"
-    except (OSError, ELFError):
+        elf = ElfFile(path)
+    except ProbesError:
         return None
+    tab, text = elf.section(".gopclntab"), elf.section(".text")
+    if tab is None or text is None:
+        return None
+    return elf.data[tab.offset : tab.offset + tab.size], text.addr, elf.machine == EM_X86_64
 
 
 def is_go(path: str) -> bool:
     """Whether the ELF file at `path` was built by Go's linker (it has a .gopclntab)."""
     try:
-        with open(path, "rb") as f:
-            return ELFFile(f).get_section_by_name(".gopclntab") is not None
-    except (OSError, ELFError):
+        return ElfFile(path).section(".gopclntab") is not None
+    except ProbesError:
         return False
 
 
