@@ -29,6 +29,7 @@ from support import (
     semaphores,
     start_record,
     thread_nices,
+    wait_until,
 )
 
 from kvprof.analysis.own_cost import own_cost
@@ -203,6 +204,55 @@ def test_sigkill_of_record_leaves_no_semaphore_raised(
         kv.communicate(timeout=60)
     assert kv.returncode == 0  # kvload exits 1 on any verify mismatch or error
     assert server.alive() and server.stats()["pid"] == str(server.pid)
+
+
+def perf_event_fds(pid: int) -> int:
+    """How many perf events `pid` holds open (uprobes, tracepoints, cpu-clock samplers)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]"
+        except OSError:  # closed meanwhile
+            pass
+    return n
+
+
+@pytest.mark.bpf
+def test_sigusr1_pauses_and_sigusr2_resumes_without_a_compile(
+    kvcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """SIGUSR1 detaches every probe (the kernel lowers the kvs semaphores, the cpu-clock
+    samplers close) and SIGUSR2 attaches them again, within seconds and without
+    compiling; the profile says how long it was paused; the target serves throughout."""
+    server = kvcached_factory("-t", "2")
+    out = tmp_path / "paused.json"
+    probes = ("lock__wait__done", "atomic__sample", "cmd__done")
+    with (
+        kvload(server, 20, "--verify", "--min-size=64") as kv,
+        reaped(start_record(server.pid, out, "-d", "60")) as rec,
+    ):
+        wait_collecting(rec)
+        attached = perf_event_fds(rec.pid)
+        assert all(semaphores(server)[p] > 0 for p in probes)
+        rec.send_signal(signal.SIGUSR1)
+        assert wait_until(lambda: not any(semaphores(server).values()), 10), semaphores(server)
+        assert wait_until(lambda: perf_event_fds(rec.pid) < attached, 10)
+        time.sleep(1.0)
+        rec.send_signal(signal.SIGUSR2)
+        assert wait_until(lambda: all(semaphores(server)[p] > 0 for p in probes), 10), semaphores(server)
+        assert wait_until(lambda: perf_event_fds(rec.pid) == attached, 10)
+        time.sleep(1.0)
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
+        assert "compiling" not in err  # what it said after "collecting"
+        kv.communicate(timeout=60)
+    assert kv.returncode == 0  # kvload exits 1 on any verify mismatch or error
+    p = Profile.load(out)
+    paused = [w for w in p.status.warnings if w.startswith("paused for ")]
+    assert paused and 0.5 < float(paused[0].split()[2]) < 30, p.status.warnings
+    assert p.locks and p.cachelines and p.requests, "the profile lost what the kvs collectors counted"
+    assert_nothing_attached(server)
 
 
 @pytest.mark.bpf

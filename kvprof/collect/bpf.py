@@ -109,8 +109,11 @@ class Module:
 class BpfCollector:
     """What every BPF collector does the same way; a subclass gives `name`,
     program(), _attach(module) (attach; own every fd it opens), _read() (what
-    the maps hold now) and _detach(). latest() is what contribute() reads: the
-    maps while attached, what they held at close() after."""
+    the maps hold now) and _detach(); _hook(module) is the part of _attach()
+    that attaches programs to their events (no setup): pause() detaches them,
+    resume() attaches them again, the programs and maps staying loaded. latest()
+    is what contribute() reads: the maps while attached, what they held at
+    close() after."""
 
     name = ""
     fired_by = "perf_event"  # what runs its programs: perf_event, tracepoint or uprobe (own-cost figure)
@@ -122,6 +125,7 @@ class BpfCollector:
         self.module: Module | None = None
         self._last: Any = self.empty() if self.empty else None  # the last _read(), kept when the maps go
         self._own: Module | None = None  # compiled by start() for this collector alone
+        self._paused = False
 
     def applies(self) -> str | None:
         if not Path(f"/proc/{self.pid}").is_dir():
@@ -146,8 +150,23 @@ class BpfCollector:
     def _attach(self, module: Module) -> None:
         raise NotImplementedError
 
+    def _hook(self, module: Module) -> None:
+        raise NotImplementedError
+
     def _read(self) -> Any:
         raise NotImplementedError
+
+    def pause(self) -> None:
+        """Detach the programs from their events; the maps keep what they counted."""
+        if self.module is not None and not self._paused:
+            self._detach()
+            self._paused = True
+
+    def resume(self) -> None:
+        """Attach them again after pause(): nothing is compiled or set up again."""
+        if self.module is not None and self._paused:
+            self._hook(self.module)
+            self._paused = False
 
     def refresh(self) -> None:
         """Tell the program what changed in the target since attaching (nothing, here)."""
@@ -238,6 +257,10 @@ class KvsCollector(BpfCollector):
             self.program()
         assert self._kvs is not None
         self._rate = probe_sample(self.pid)
+        self._hook(module)
+
+    def _hook(self, module: Module) -> None:
+        assert self._kvs is not None
         self._kvs.attach(module.bpf)
 
     def _detach(self) -> None:

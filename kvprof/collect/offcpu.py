@@ -91,6 +91,11 @@ class OffCpuCollector(StackCollector):
     def program_names(self, module: Module) -> list[str]:
         return [*super().program_names(module), "raw_tracepoint__sched_switch"]
 
+    def _hook(self, module: Module) -> None:
+        """Again after pause(): BCC attached it when it compiled the module."""
+        if b"sched_switch" not in module.bpf.raw_tracepoint_fds:
+            module.bpf.attach_raw_tracepoint(tp=b"sched_switch", fn_name=b"raw_tracepoint__sched_switch")
+
     def _detach(self) -> None:
         bpf = self.module.bpf if self.module is not None else None
         if bpf is None:

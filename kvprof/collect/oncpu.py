@@ -53,6 +53,9 @@ class OnCpuCollector(StackCollector):
 
     def _attach(self, module: Module) -> None:
         super()._attach(module)
+        self._hook(module)
+
+    def _hook(self, module: Module) -> None:
         self._fds = attach_cpu_clock(module.bpf, "oncpu_on_sample", self.opts.hz, self.name)
 
     def _detach(self) -> None:

@@ -109,6 +109,9 @@ class RegsampleCollector(BpfCollector):
             raise CollectError(f"regsample: {e}: run scripts/provision.sh") from None
         self._process = Process(self.pid)
         self._names.refresh()
+        self._hook(module)
+
+    def _hook(self, module: Module) -> None:
         self._fds = attach_cpu_clock(module.bpf, "regsample_on_sample", self.opts.hz, self.name)
 
     def _detach(self) -> None:

@@ -148,6 +148,9 @@ class Session:
         # thread waits for the step under way, so nothing stays attached
         self._attaching = threading.RLock()
         self._closed = False
+        self._started = False  # start() has attached what it could: pause() may act
+        self._paused_at = 0.0  # time.monotonic() of pause(), 0 while not paused
+        self._paused_s = 0.0  # the window's time paused before that
         self._meter = Meter(target.pid)  # what kvprof itself costs over the window
         self._events: list[follow.Events | None] = [
             None,
@@ -210,6 +213,7 @@ class Session:
             reasons = "; ".join(f"{n}: {r}" for n, r in self.status.collectors.items())
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
         with self._lock:  # said in the order asked for, whatever the attach order
+            self._started = True
             self.active.sort(key=lambda c: ALL_COLLECTORS.index(c.name))
             self.status.collectors = dict(
                 sorted(self.status.collectors.items(), key=lambda kv: ALL_COLLECTORS.index(kv[0]))
@@ -319,6 +323,35 @@ class Session:
         if not closed and self.opts.live and self._base is None:
             self._begin_window()
 
+    def pause(self) -> None:
+        """Detach every BPF collector's programs from their events, keeping them loaded
+        and the maps as they are (record and top do it on SIGUSR1:
+        kvprof.system.attach.pause_on_signals); the window goes on, and its warnings
+        say for how long it was paused. Nothing before start() has attached all."""
+        with self._lock:
+            if not self._started or self._closed or self._paused_at:
+                return
+            for collector in self.active:
+                if hasattr(collector, "pause"):
+                    collector.pause()
+            self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        """Attach them again after pause() (SIGUSR2): no compile, no setup."""
+        with self._lock:
+            if not self._paused_at or self._closed:
+                return
+            for collector in self.active:
+                if hasattr(collector, "resume"):
+                    collector.resume()
+            self._paused_s += time.monotonic() - self._paused_at
+            self._paused_at = 0.0
+
+    def paused_s(self) -> float:
+        """Seconds of the window spent paused so far."""
+        with self._lock:
+            return self._paused_s + (time.monotonic() - self._paused_at if self._paused_at else 0.0)
+
     def close(self) -> None:
         """Detach every collector; safe to call twice, from error paths, and from
         another thread while start() or add() attaches (it waits for the step under way)."""
@@ -405,6 +438,12 @@ class Session:
                 notes=list(self.status.notes),
             )
             modules = list(self._modules)
+        paused = self.paused_s()
+        if paused >= 0.05:
+            profile.status.warnings.append(
+                f"paused for {paused:.1f} s of the window (SIGUSR1 to SIGUSR2): "
+                "rates are over the whole window"
+            )
         self._target_events(profile, modules)
         # The probe collectors' maps are small and read in milliseconds; the
         # stack collectors symbolize thousands of frames. The probe maps are

@@ -196,7 +196,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     from kvprof.analysis.findings import find
     from kvprof.collect import CollectError
     from kvprof.collect.session import NO_BPF
-    from kvprof.system.attach import open_session, stop_on_signals
+    from kvprof.system.attach import open_session, pause_on_signals, stop_on_signals
 
     try:
         session = open_session(opts.pid, opts.collectors, _collect_options(opts))
@@ -209,7 +209,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     end = _BANNER_END["bpf" if bpf else session.modules["oncpu"]]
     if not opts.quiet:
         print(f"Profiling {target.comm} {target.pids} {how_long} at {opts.hz} Hz{end}", file=sys.stderr)
-    with stop_on_signals():
+    with stop_on_signals(), pause_on_signals(lambda: session):
         profile, interrupted = _collect(session, opts, show=bpf and not opts.quiet)
     if profile is None:
         raise RecordError("stopped before anything was collected")

@@ -16,9 +16,10 @@ by its service manager detaches and writes what it has, as on Ctrl-C.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -125,6 +126,41 @@ def stop_on_signals(*signums: signal.Signals) -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+PAUSE, RESUME = signal.SIGUSR1, signal.SIGUSR2
+
+
+@contextmanager
+def pause_on_signals(session: Callable[[], Session | None]) -> Iterator[None]:
+    """While inside, SIGUSR1 pauses `session()` (its programs detached from their
+    events, nothing unloaded: Session.pause) and SIGUSR2 resumes it: what
+    bench/overhead.py toggles to compare seconds with and without kvprof's probes
+    on one server, without a compile between them. A thread of its own does it, in
+    the order the signals came (a handler runs in the main thread, which may hold
+    the session's lock). Main thread only, as stop_on_signals()."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked: queue.SimpleQueue[signal.Signals | None] = queue.SimpleQueue()
+
+    def apply() -> None:
+        while (sig := asked.get()) is not None:
+            target = session()
+            if target is not None:
+                target.pause() if sig == PAUSE else target.resume()
+
+    worker = threading.Thread(target=apply, name="kvprof-pause", daemon=True)
+    worker.start()
+    old = {sig: signal.getsignal(sig) for sig in (PAUSE, RESUME)}
+    for sig in old:
+        signal.signal(sig, lambda signum, _frame: asked.put(signal.Signals(signum)))
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        asked.put(None)
 
 
 def ignore_stop_signals(*signums: signal.Signals) -> None:

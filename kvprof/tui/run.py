@@ -186,8 +186,11 @@ def _run(
     app = TopApp(
         source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True, baseline=baseline
     )
+    from kvprof.system.attach import pause_on_signals
+
     try:
-        app.run()
+        with pause_on_signals(lambda: getattr(source, "session", None)):  # a live source's
+            app.run()
     finally:
         app.wait_closed()
     for path in app.written:
