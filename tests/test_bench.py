@@ -485,6 +485,26 @@ def test_pingpong_round_trip_is_measured() -> None:
     assert all(10 < v < 100_000 for v in readings), values
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the round-trip probe needs two CPUs")
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root")
+def test_pingpong_realtime_measures_on_a_busy_machine() -> None:
+    """--realtime runs the probe's threads at SCHED_FIFO and its timer above them: with
+    both CPUs kept busy by other threads it still measures a round trip, and ends
+    within its window (the timer preempts its own spinning threads)."""
+    cpus = placement.probe_cpus() or (0, 1)
+    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4)]
+    try:
+        argv = [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus",
+                f"{cpus[0]},{cpus[1]}", "--duration-ms", "20", "--realtime", "--json"]  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert out.returncode == 0, out.stderr
+    assert 10 < json.loads(out.stdout)["ns_per_op"] < 20_000, out.stdout
+
+
 # ---------------------------------------------------------------- real runs, end to end
 
 

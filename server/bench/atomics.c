@@ -11,6 +11,9 @@
  *                 is the round trip (kvprof bench reads it around every run:
  *                 on a VM it says where the host put the CPUs)
  *
+ * --realtime runs the threads at SCHED_FIFO and the timer above them, so that
+ * a probe on a busy machine measures the line, not the scheduler (root).
+ *
  * Prints one line per run, or JSON lines with --json. kvprof bench
  * --scenario atomics runs the matrix and picks the CPUs (same socket or
  * across sockets) from the topology. */
@@ -112,17 +115,19 @@ static double now_s(void)
 static void usage(FILE *out)
 {
     fprintf(out, "usage: atomics --mode shared|false-shared|padded|local|pingpong --threads N [--cpus 0,1,...]\n"
-                 "               [--duration-ms MS] [--json]\n");
+                 "               [--duration-ms MS] [--realtime] [--json]\n");
 }
 
 int main(int argc, char **argv)
 {
     enum mode mode = MODES;
-    int threads = 1, ms = 500, json = 0, ncpus = 0, cpus[MAX_THREADS];
+    int threads = 1, ms = 500, json = 0, realtime = 0, ncpus = 0, cpus[MAX_THREADS];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) {
             json = 1;
+        } else if (strcmp(a, "--realtime") == 0) {
+            realtime = 1;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
@@ -156,14 +161,29 @@ int main(int argc, char **argv)
                         "(pingpong: 2), --duration-ms >= 10\n", MAX_THREADS);
         return EX_USAGE;
     }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (realtime) { /* the timer (this thread) preempts the workers when the window ends */
+        struct sched_param timer = {.sched_priority = 2}, worker = {.sched_priority = 1};
+        int err = pthread_setschedparam(pthread_self(), SCHED_FIFO, &timer);
+        if (err == 0) {
+            pthread_attr_setinheritsched(&attr, PTHREAD_EXPLICIT_SCHED);
+            pthread_attr_setschedpolicy(&attr, SCHED_FIFO);
+            pthread_attr_setschedparam(&attr, &worker);
+        } else {
+            fprintf(stderr, "atomics: --realtime: %s (needs root or CAP_SYS_NICE)\n", strerror(err));
+            return 1;
+        }
+    }
     struct worker *w = aligned_alloc(64, sizeof(*w) * (size_t)threads);
     memset(w, 0, sizeof(*w) * (size_t)threads);
     for (int i = 0; i < threads; i++) {
         w[i].idx = i;
         w[i].mode = mode;
         w[i].cpu = ncpus ? cpus[i % ncpus] : -1;
-        pthread_create(&w[i].tid, NULL, run, &w[i]);
+        pthread_create(&w[i].tid, &attr, run, &w[i]);
     }
+    pthread_attr_destroy(&attr);
     usleep(20000); /* let every thread reach its CPU */
     double t0 = now_s();
     go = 1;
