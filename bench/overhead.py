@@ -22,6 +22,15 @@ measured in that pair, and where the cost went: events per second and ns per
 event of each collector's programs, uprobe traps counted at
 kvprof.collect.UPROBE_HIT_NS (bench/probe_cost.py measures it).
 
+**The tool resident, toggled (`--mode toggle`)**: the same server and load,
+each tool attached once, then windows of 1 s (`--seconds`) alternating A B /
+B A with its cost turned off (A) and on (B), `--settle` seconds before each
+window (Toggle says how, per tool; record and top pause their programs on
+SIGUSR1 and resume them on SIGUSR2, with no compile between). The windows of
+a pair are seconds apart, with no compile between them, so the host's moves
+of the vCPUs land on both sides alike; `--pairs 60` or more resolves a few
+percent (`none` is the method's control again).
+
 **Two servers side by side (`--mode pair`)**, the first design, below: it
 compares two servers that both pay what the tool costs the machine (the
 TUI's CPU, the programs on `sched_switch`), so it measures what the tool
@@ -70,6 +79,8 @@ TUI process's own CPU too.
 
     sudo .venv/bin/python bench/overhead.py [--pairs 8] [--seconds 5] [--load demo|light]
                                             [--tools record,top,...]
+    sudo .venv/bin/python bench/overhead.py --mode toggle [--pairs 60] [--seconds 1] [--settle 1]
+                                            [--toggle both|programs|process] [--tools ...]
     sudo .venv/bin/python bench/overhead.py --mode pair [--pairs 60] [--seconds 2] [--load-threads 1]
                                             [--preset baseline|fixed] [--watch top]
     sudo .venv/bin/python bench/overhead.py --mode reattach ...
@@ -78,6 +89,8 @@ TUI process's own CPU too.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import fcntl
 import json
 import math
 import os
@@ -443,14 +456,24 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@dataclass
+class Attached:
+    """A tool attached by tool_attached(): its process (None for `none`), and for record
+    the path of the profile it writes when it is stopped (read it after the block)."""
+
+    tool: str
+    proc: subprocess.Popen[str] | subprocess.Popen[bytes] | None
+    profile: Path | None
+    control: Path | None = None  # perf record's --control FIFOs: commands, then acks
+
+
 @contextmanager
-def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
-    """`tool` attached to `pid` until the block ends; for record, the path of the profile it
-    writes when it is stopped (read it after the block)."""
+def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Attached]:
+    """`tool` attached to `pid` until the block ends."""
     out = Path(tmp) / "window.json.gz"
     if tool == "none":  # the method's control: the same windows with nothing attached
         time.sleep(1.0)
-        yield None
+        yield Attached(tool, None, None)
         time.sleep(1.0)
         return
     if tool == "top":
@@ -461,9 +484,14 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
             if not screen.seen_attached.wait(180):
                 raise SystemExit("overhead: kvprof top did not attach every collector within 180 s")
             time.sleep(1.0)
-            yield None
+            yield Attached(tool, screen.proc, None)
         finally:
-            screen.stop()
+            try:
+                screen.stop(30)
+            except subprocess.TimeoutExpired:  # seen once after 60 toggles; the kernel detaches on kill
+                print("overhead: kvprof top did not quit within 60 s of q and SIGTERM: killed", flush=True)
+                screen.proc.kill()
+                screen.proc.wait()
         return
     if tool.startswith("record"):
         argv = [sys.executable, "-m", "kvprof.cli", "record", "-p", str(pid), "-d", "100000", "-o", str(out)]
@@ -482,9 +510,14 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
             "100000",
         ]
         word, what = "Sampling", "profile-bpfcc"
-    else:
+    else:  # --control: toggle_windows() disables and enables its events
+        control = Path(tmp) / "perf-control"
+        for fifo in (control, control.with_suffix(".ack")):
+            fifo.unlink(missing_ok=True)
+            os.mkfifo(fifo)
         argv = ["perf", "record", "-F", "99", "--call-graph", "dwarf", "-p", str(pid), "-o",
-                str(Path(tmp) / "perf.data"), "-q"]  # fmt: skip
+                str(Path(tmp) / "perf.data"), "-q",
+                f"--control=fifo:{control},{control.with_suffix('.ack')}"]  # fmt: skip
         word, what = "", "perf record"
     # what it says goes to one pipe (BCC's tools say "Sampling" on stdout, record "collecting"
     # on stderr), read until it is ready, then drained so that it never blocks on a full pipe
@@ -498,7 +531,8 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Path | None]:
         assert proc.stdout is not None
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         time.sleep(1.0 if word else 2.0)
-        yield out if tool.startswith("record") else None
+        perf = Path(tmp) / "perf-control" if tool == "perf-dwarf" else None
+        yield Attached(tool, proc, out if tool.startswith("record") else None, perf)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -521,8 +555,9 @@ def detached_window(tool: str, server: Server, seconds: float, tmp: str) -> Wind
 
 
 def attached_window(tool: str, server: Server, seconds: float, tmp: str) -> Window:
-    with tool_attached(tool, server.pid, tmp) as out:
+    with tool_attached(tool, server.pid, tmp) as attached:
         w = measure_window(server, seconds)
+    out = attached.profile
     if out is not None and out.exists():
         w.profile = Profile.load(out)
         cost = own_cost(w.profile)
@@ -541,12 +576,18 @@ def start_single_load(server: Server, args: argparse.Namespace) -> subprocess.Po
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
-    """One server under one continuous load; per tool, windows A B, B A, ... (A: detached)."""
+def tools_of(args: argparse.Namespace) -> list[str]:
+    """--tools, checked: the TOOLS, or record:<collector>+<collector>..."""
     tools = [t for t in args.tools.split(",") if t]
     unknown = [t for t in tools if t not in TOOLS and not t.startswith("record:")]
     if unknown:
         raise SystemExit(f"overhead: unknown tool {unknown[0]!r}: choose from {', '.join(TOOLS)}")
+    return tools
+
+
+def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
+    """One server under one continuous load; per tool, windows A B, B A, ... (A: detached)."""
+    tools = tools_of(args)
     server = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
     load = start_single_load(server, args)
     try:
@@ -613,18 +654,20 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
         server.log_path.unlink(missing_ok=True)
 
 
-def where_it_goes(profiles: list[Profile]) -> None:
-    """Per collector over the record windows: events/s, BPF ns per event, trap and BPF ms/s, share."""
+def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
+    """Per collector over the record windows: events/s, BPF ns per event, trap and BPF ms/s, share
+    (`on_share`: the part of the window its programs were attached, toggle_windows())."""
     rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for p in profiles:
         cost = own_cost(p)
         if cost is None:
             continue
-        s = max(p.overhead.window_s, 1e-9)
+        s = max(p.overhead.window_s * on_share, 1e-9)
         for r in cost.rows:
             rows.setdefault(r.collector, []).append(
-                (r.events_per_s, r.ns_per_event, r.bpf_ns / s / 1e6, r.trap_ns / s / 1e6, r.share)
-            )
+                (r.events_per_s / on_share, r.ns_per_event, r.bpf_ns / s / 1e6, r.trap_ns / s / 1e6,
+                 r.share / on_share)
+            )  # fmt: skip
     hit = profiles[0].overhead.uprobe_hit_ns
     print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {hit:.0f} ns per hit):")
     print(f"{'collector':<12} {'events/s':>10} {'BPF ns/event':>12} {'BPF ms/s':>9} {'traps ms/s':>10} "
@@ -632,6 +675,186 @@ def where_it_goes(profiles: list[Profile]) -> None:
     for name, vals in sorted(rows.items(), key=lambda kv: -statistics.median(v[4] for v in kv[1])):
         m = [statistics.median(v[k] for v in vals) for k in range(5)]
         print(f"{name:<12} {m[0]:>10,.0f} {m[1]:>12,.0f} {m[2]:>9.2f} {m[3]:>10.2f} {m[4]:>7.2%}")
+
+
+# ---- the tool resident, toggled: windows a second apart ---------------------------
+
+PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
+SYS_PIDFD_GETFD = 438  # the same number on x86_64 and on the generic table (arm64)
+SETTLE_S = 1.0  # default --settle: after a toggle, before the window (the tool's catch-up, the last hits)
+
+
+def perf_event_fds(pid: int) -> list[int]:
+    """`pid`'s perf event fds, duplicated into this process (pidfd_getfd: root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    fds = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:[perf_event]":
+                    continue
+            except OSError:
+                continue
+            got = libc.syscall(SYS_PIDFD_GETFD, pidfd, int(fd), 0)
+            if got >= 0:
+                fds.append(got)
+    finally:
+        os.close(pidfd)
+    return fds
+
+
+class Toggle:
+    """An attached tool's cost turned off and on again, with nothing compiled in between:
+
+    - record and top: SIGUSR1 detaches their programs from their events (kvprof's
+      pause_on_signals), then SIGSTOP stops the process; on: SIGCONT, SIGUSR2;
+    - BCC's profile: its cpu-clock events disabled (PERF_EVENT_IOC_DISABLE on its
+      fds, taken with pidfd_getfd), and the process stopped;
+    - perf record: `disable` and `enable` on its --control FIFO;
+    - none: nothing (the method's control)."""
+
+    def __init__(self, attached: Attached, what: str = "both") -> None:
+        """`what` (record and top): both, or only their `programs` or their `process`."""
+        self.attached = attached
+        self.what = what
+        self.tool = attached.tool
+        self.pid = attached.proc.pid if attached.proc is not None else None
+        self.fds = perf_event_fds(self.pid) if self.tool == "bcc-profile" and self.pid else []
+        self.on_since: float | None = time.monotonic()
+        self.on_s = 0.0  # seconds on, since attached
+
+    def set(self, on: bool) -> None:
+        if on == (self.on_since is not None):
+            return
+        if on:
+            self._switch(True)
+            self.on_since = time.monotonic()
+        else:
+            assert self.on_since is not None
+            self.on_s += time.monotonic() - self.on_since
+            self.on_since = None
+            self._switch(False)
+
+    def total_on_s(self) -> float:
+        return self.on_s + (time.monotonic() - self.on_since if self.on_since is not None else 0.0)
+
+    def _switch(self, on: bool) -> None:
+        """Off: the programs first, then the process; on: the other way round."""
+        if self.pid is None:
+            return
+        if self.tool == "perf-dwarf":
+            self._perf_control("enable" if on else "disable")
+            return
+        steps = [self._programs_switch, self._process_switch]
+        for step in steps[::-1] if on else steps:
+            step(on)
+
+    def _programs_switch(self, on: bool) -> None:
+        assert self.pid is not None
+        if self.tool == "bcc-profile":
+            for fd in self.fds:
+                fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+        elif self.what != "process":
+            os.kill(self.pid, signal.SIGUSR2 if on else signal.SIGUSR1)
+            self._wait_programs(running=on)
+
+    def _process_switch(self, on: bool) -> None:
+        assert self.pid is not None
+        if self.what != "programs":
+            os.kill(self.pid, signal.SIGCONT if on else signal.SIGSTOP)
+
+    def _runs(self) -> int:
+        return sum(cnt for kind, _, cnt in bpf_programs(self.pid).values() if kind in ("2", "7", "17"))
+
+    def _wait_programs(self, running: bool, timeout: float = 5.0) -> None:
+        """Until the programs run again, or no longer run (two readings 50 ms apart alike)."""
+        deadline = time.monotonic() + timeout
+        last = self._runs()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self._runs()
+            if (now > last) == running:
+                return
+            last = now
+        verb = "resume" if running else "pause"
+        raise SystemExit(f"overhead: {self.tool} did not {verb} within {timeout:g} s")
+
+    def _perf_control(self, command: str) -> None:
+        control = self.attached.control
+        assert control is not None
+        with open(control, "w") as f:
+            f.write(command + "\n")
+        with open(control.with_suffix(".ack")) as f:
+            f.readline()
+
+    def close(self) -> None:
+        self.set(True)  # record writes a whole profile; every tool exits as it would
+        for fd in self.fds:
+            os.close(fd)
+
+
+def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
+    """One server under one continuous load; each tool attached once, then windows of
+    `--seconds` alternating A B, B A, ... with its cost toggled off (A) and on (B)."""
+    tools = tools_of(args)
+    server = start_kvcached(["-t", "2", "--preset", args.preset, *sample])
+    load = start_single_load(server, args)
+    results: dict[str, tuple[list[float], float | None]] = {}
+    try:
+        time.sleep(3.0)  # the demo load populates first
+        print(f"kvcached PID {server.pid} ({args.preset}, 2 workers), one server; load: {args.load}")
+        print(f"each tool attached once; {args.pairs} pairs of {args.seconds:g} s windows, A B / B A, with "
+              f"its cost toggled off (A) and on (B) {args.settle:g} s before each; ratio = B / A from the "
+              "server's `stats`", flush=True)  # fmt: skip
+        for tool in tools:
+            ratios: list[float] = []
+            with tool_attached(tool, server.pid, tmp) as attached:
+                toggle = Toggle(attached, args.toggle)
+                t0 = time.monotonic()
+                try:
+                    for i in range(args.pairs):
+                        got = {}
+                        for on in (False, True) if i % 2 == 0 else (True, False):
+                            toggle.set(on)
+                            time.sleep(args.settle)
+                            got[on] = measure_ops(server, args.seconds)
+                        ratios.append(got[True] / got[False])
+                        if (i + 1) % 10 == 0 or i + 1 == args.pairs:
+                            print(f"  {tool}: {i + 1} pairs, median so far {statistics.median(ratios):.3f}",
+                                  flush=True)  # fmt: skip
+                finally:
+                    toggle.close()
+                on_share = toggle.total_on_s() / max(1e-9, time.monotonic() - t0)
+            share = None
+            if attached.profile is not None and attached.profile.exists():
+                profile = Profile.load(attached.profile)
+                cost = own_cost(profile)
+                share = cost.share / on_share if cost is not None else None
+                if tool == "record":
+                    where_it_goes([profile], on_share)
+                attached.profile.unlink()
+            results[tool] = (ratios, share)
+        print(f"\n{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}")
+        for tool, (rs, share) in results.items():
+            rs = sorted(rs)
+            q = statistics.quantiles(rs, n=4) if len(rs) >= 2 else [rs[0]] * 3
+            med = statistics.median(rs)
+            own = f"{share:.1%}" if share is not None else "-"
+            print(f"{tool:<20} {med:>12.3f} {q[0]:>6.3f}-{q[2]:<6.3f} {rs[0]:>6.3f}-{rs[-1]:<6.3f} "
+                  f"{1 - med:>6.1%} {own:>9}")  # fmt: skip
+    finally:
+        load.send_signal(signal.SIGTERM)
+        load.wait(timeout=10)
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
+def measure_ops(server: Server, seconds: float) -> float:
+    """The server's operations per second over the next `seconds`, from its `stats`."""
+    ops0, t0 = server_ops(server), time.monotonic()
+    time.sleep(seconds)
+    return (server_ops(server) - ops0) / (time.monotonic() - t0)
 
 
 def header(watch: str = "record") -> None:
@@ -644,8 +867,9 @@ def main() -> int:
     ap.add_argument(
         "--mode",
         default="single",
-        choices=("single", "pair", "reattach"),
-        help="single: one server, tools attached and detached (default); pair: two servers",
+        choices=("single", "toggle", "pair", "reattach"),
+        help="single: one server, tools attached and detached (default); toggle: attached once, "
+        "their cost toggled off and on; pair: two servers",
     )
     ap.add_argument("--pairs", type=int, default=0, help="pairs per tool (default 8; 60 with --mode pair)")
     ap.add_argument("--seconds", type=float, default=0.0, help="seconds per window (default 5; 2 for pair)")
@@ -654,6 +878,19 @@ def main() -> int:
     )
     ap.add_argument(
         "--tools", default=",".join(TOOLS), help=f"single: what to attach (default {','.join(TOOLS)})"
+    )
+    ap.add_argument(
+        "--toggle",
+        default="both",
+        choices=("both", "programs", "process"),
+        help="toggle: what of record and top is turned off: both (default), their BPF programs only, "
+        "or their process only (SIGSTOP)",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"toggle: seconds between a toggle and its window (default {SETTLE_S:g})",
     )
     ap.add_argument("--collectors", default="", help="record's --collectors (default: all)")
     ap.add_argument(
@@ -675,8 +912,8 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.reattach = args.reattach or args.mode == "reattach"
-    args.pairs = args.pairs or (8 if args.mode == "single" else 60)
-    args.seconds = args.seconds or (5.0 if args.mode == "single" else 2.0)
+    args.pairs = args.pairs or {"single": 8, "toggle": 60}.get(args.mode, 60)
+    args.seconds = args.seconds or {"single": 5.0, "toggle": 1.0}.get(args.mode, 2.0)
     LOAD.insert(0, f"--num-threads={args.load_threads}")
     if args.watch == "top" and args.reattach:
         print("overhead: --reattach measures record only", file=sys.stderr)
@@ -693,6 +930,8 @@ def main() -> int:
             BPF_STATS.write_text("1")
         if args.mode == "single":
             single(args, tmp, sample)
+        elif args.mode == "toggle":
+            toggle_windows(args, tmp, sample)
         else:
             (reattach if args.reattach else side_by_side)(args, placement, tmp, sample)
     finally:
