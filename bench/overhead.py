@@ -681,6 +681,7 @@ def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
 
 PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
 SYS_PIDFD_GETFD = 438  # the same number on x86_64 and on the generic table (arm64)
+ATTACHMENTS = ("anon_inode:[perf_event]", "anon_inode:bpf_link", "anon_inode:bpf-raw-tracepoint")
 SETTLE_S = 1.0  # default --settle: after a toggle, before the window (the tool's catch-up, the last hits)
 
 
@@ -721,6 +722,7 @@ class Toggle:
         self.tool = attached.tool
         self.pid = attached.proc.pid if attached.proc is not None else None
         self.fds = perf_event_fds(self.pid) if self.tool == "bcc-profile" and self.pid else []
+        self.attached_count = self._attachments() if self.pid else 0
         self.on_since: float | None = time.monotonic()
         self.on_s = 0.0  # seconds on, since attached
 
@@ -764,19 +766,25 @@ class Toggle:
         if self.what != "programs":
             os.kill(self.pid, signal.SIGCONT if on else signal.SIGSTOP)
 
-    def _runs(self) -> int:
-        return sum(cnt for kind, _, cnt in bpf_programs(self.pid).values() if kind in ("2", "7", "17"))
+    def _attachments(self) -> int:
+        """How many attachments the tool holds: perf events (uprobes, cpu-clock, tracepoints)
+        and BPF links (raw tracepoints); fewer once paused, as many again once resumed."""
+        n = 0
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{self.pid}/fd/{fd}") in ATTACHMENTS
+            except OSError:  # closed meanwhile
+                pass
+        return n
 
     def _wait_programs(self, running: bool, timeout: float = 5.0) -> None:
-        """Until the programs run again, or no longer run (two readings 50 ms apart alike)."""
+        """Until the tool holds all its attachments again, or fewer (pause applied): a count,
+        not the programs' runs, which a quiet target may not fire for a while."""
         deadline = time.monotonic() + timeout
-        last = self._runs()
         while time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = self._runs()
-            if (now > last) == running:
+            if (self._attachments() == self.attached_count) == running:
                 return
-            last = now
+            time.sleep(0.02)
         verb = "resume" if running else "pause"
         raise SystemExit(f"overhead: {self.tool} did not {verb} within {timeout:g} s")
 
