@@ -29,6 +29,7 @@ from textual.widgets import DataTable
 
 from kvprof import REPO
 from kvprof.analysis.tables import THREAD_ROWS
+from kvprof.collect.debuginfo import ProcessSymbols
 from kvprof.model.profile import Profile
 from kvprof.tui.sources import LiveSource
 from kvprof.tui.widgets import Line
@@ -201,6 +202,36 @@ def test_exec_ends_the_recording(lifecycle: Callable[..., subprocess.Popen[str]]
     assert_no_uprobes()
     assert wait_until(lambda: "spin" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 5)
     assert not any(pid_semaphores(proc.pid).values())
+
+
+def _runtime_address(pid: int, binary: Path, function: str) -> int:
+    """Where `function` of the PIE `binary` is in process `pid` now (nm's address + load base)."""
+    nm = subprocess.run(["nm", str(binary)], capture_output=True, text=True, check=True).stdout
+    vaddr = next(int(line.split()[0], 16) for line in nm.splitlines() if line.endswith(f" T {function}"))
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        cols = line.split()
+        if cols[-1] == str(binary) and int(cols[2], 16) == 0:
+            return int(cols[0].split("-")[0], 16) + vaddr
+    raise AssertionError(f"{binary} is not mapped in {pid}")
+
+
+def test_names_from_before_an_exec_survive_reading_the_maps_after_it(
+    lifecycle: Callable[..., subprocess.Popen[str]], lifecycle_binary: Path
+) -> None:
+    """Stacks taken before an exec are named after it, though the mappings were read
+    again meanwhile (a stack from after the exec missed them): the race that named
+    them `lifecycle+0x...` when `record` read its maps late on a loaded machine."""
+    proc = lifecycle("exec", "120")
+    assert proc.stdin is not None
+    names = ProcessSymbols(proc.pid)
+    names.refresh()
+    before = _runtime_address(proc.pid, lifecycle_binary, "spin_before_exec")
+    proc.stdin.write("exec\n")
+    proc.stdin.flush()
+    assert wait_until(lambda: "spin" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 5)
+    after = _runtime_address(proc.pid, lifecycle_binary, "spin_after_exec")
+    assert names.function_name(after + 1) == "spin_after_exec"  # a miss: the maps are read again
+    assert names.function_name(before + 1) == "spin_before_exec"
 
 
 def test_top_on_thousand_threads(lifecycle: Callable[..., subprocess.Popen[str]]) -> None:

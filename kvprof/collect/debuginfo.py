@@ -371,6 +371,12 @@ def read_maps(pid: int) -> list[FileMap]:
     return out
 
 
+def _covered(m: FileMap, maps: list[FileMap], starts: list[int]) -> bool:
+    """Whether any of `maps` (sorted and disjoint, `starts` their starts) overlaps `m`."""
+    i = bisect.bisect_left(starts, m.end)  # maps[:i] start below m's end, maps[i - 1] ends last
+    return i > 0 and maps[i - 1].end > m.start
+
+
 @dataclass(frozen=True)
 class Located:
     """An address inside a module's loaded image: the module and its link-time address."""
@@ -390,14 +396,22 @@ class ProcessSymbols:
         self.pid = pid
         self.maps: list[FileMap] = []
         self._starts: list[int] = []
-        self._modules: dict[str, tuple[Symbols, int]] = {}  # path -> symbols, load bias
+        # (path, inode, start - offset) -> symbols, load bias: the same path mapped
+        # again elsewhere (the program exec'd itself) is another module
+        self._modules: dict[tuple[str, int, int], tuple[Symbols, int]] = {}
 
     def refresh(self) -> bool:
-        """Read the mappings again; False when the process is gone (the old ones stay)."""
+        """Read the mappings again; False when the process is gone (the old ones stay).
+        A mapping that went away stays known until a new one covers its addresses:
+        stacks taken before an exec or a dlclose, read after it, keep their names."""
         maps = read_maps(self.pid)
-        if maps:
-            self.maps, self._starts = maps, [m.start for m in maps]
-        return bool(maps)
+        if not maps:
+            return False
+        starts = [m.start for m in maps]
+        gone = [m for m in self.maps if not _covered(m, maps, starts)]
+        self.maps = sorted(maps + gone, key=lambda m: m.start) if gone else maps
+        self._starts = [m.start for m in self.maps]
+        return True
 
     def load_all(self) -> None:
         """Read the symbols of every mapped module now, while the target's files can be reached."""
@@ -412,13 +426,14 @@ class ProcessSymbols:
 
     def module(self, m: FileMap) -> tuple[Symbols, int]:
         """The symbols of the file mapped by `m` and its load bias (runtime - link-time address)."""
-        got = self._modules.get(m.path)
+        key = (m.path, m.inode, m.start - m.offset)
+        got = self._modules.get(key)
         if got is None:
             image = mapped_file(self.pid, m.path, m.start, m.end, m.inode)
             syms = module_symbols(image, m.path.removesuffix(" (deleted)"), in_root(self.pid, ""))
             segs = [s for s in syms.loads if s[0] & PAGE_MASK <= m.offset]
             seg = max(segs, default=(0, 0, 0))
-            got = self._modules[m.path] = (syms, m.start - m.offset + seg[0] - seg[1])
+            got = self._modules[key] = (syms, m.start - m.offset + seg[0] - seg[1])
         return got
 
     def locate(self, addr: int) -> Located | None:
