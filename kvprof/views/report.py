@@ -346,10 +346,8 @@ def _sampled_lines(profile: Profile, top: int) -> list[str]:
     out.append(f"{'data symbol':<24}{'samples':>8}{'CPU %':>7}{'thr':>4}  {'kind':<14}function")
     for sl in lines[: max(top, 1)]:
         funcs = ", ".join(sl.ranked_functions)
-        out.append(
-            f"{_fit(sl.symbol, 23):<24}{sl.samples:>8}{sl.share * 100:7.1f}{sl.writers:>4}  "
-            f"{kind(sl):<14}" + _fit(funcs, WIDTH - 57)
-        )
+        head = f"{_fit(sl.symbol, 23):<24}{sl.samples:>8}{sl.share * 100:7.1f}{sl.writers:>4}  {kind(sl):<14}"
+        out.append(head + _fit(funcs, WIDTH - len(head)))
     if len(lines) > top:
         out.append(f"... and {len(lines) - top} more lines")
     out.append("  CPU %: the writing threads' on-CPU samples spent on these writes")
