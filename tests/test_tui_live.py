@@ -6,6 +6,7 @@ import asyncio
 import os
 import pty
 import select
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -61,7 +62,9 @@ def test_top_names_the_topkeys_lock_within_10_s(kvcached_factory: Callable[..., 
 @pytest.mark.bpf
 def test_top_watches_at_the_lowest_priority(kvcached_factory: Callable[..., Server]) -> None:
     """`kvprof top -p PID` in a terminal: once every collector is attached, each of its
-    threads runs at nice WATCH_NICE (the target's threads win a contested CPU); q detaches."""
+    threads runs at nice WATCH_NICE (the target's threads win a contested CPU); a plain
+    SIGSTOP and SIGCONT (a debugger, a benchmark pausing it) leave its threads as they were,
+    and q still detaches."""
     server = kvcached_factory("-t", "2")
     master, slave = pty.openpty()
     top = subprocess.Popen([*KVPROF, "top", "-p", str(server.pid)], stdin=slave, stdout=slave, stderr=slave)
@@ -76,6 +79,16 @@ def test_top_watches_at_the_lowest_priority(kvcached_factory: Callable[..., Serv
         assert wait_until(lambda: set(thread_nices(proc.pid).values()) == {WATCH_NICE}), thread_nices(
             proc.pid
         )
+        threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+        for _ in range(3):
+            os.kill(proc.pid, signal.SIGSTOP)
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.3)
+            while select.select([master], [], [], 0.2)[0]:
+                os.read(master, 65536)
+        # Textual's terminal set-up again would add its input and writer threads each time;
+        # one more may be a refresh's worker thread
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) <= threads + 1
         os.write(master, b"q")
         proc.wait(timeout=60)
         os.close(master)

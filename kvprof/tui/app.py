@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import ClassVar
 
 from rich.text import Text
@@ -88,6 +89,29 @@ class HelpScreen(ModalScreen[None]):
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
+
+
+def _resume_only_after_suspend() -> None:
+    """Textual's terminal driver sets the terminal up again on every SIGCONT, as if
+    Ctrl+Z had suspended it: after a plain SIGSTOP and SIGCONT (a debugger, a
+    benchmark pausing kvprof, `kill -STOP`) it started another input thread each
+    time, and `q` no longer quit. SIGCONT now resumes only what SIGTSTP suspended."""
+    tstp, cont = signal.getsignal(signal.SIGTSTP), signal.getsignal(signal.SIGCONT)
+    if not callable(tstp) or not callable(cont):
+        return
+    suspended = threading.Event()
+
+    def on_tstp(signum: int, frame: FrameType | None) -> None:
+        suspended.set()
+        tstp(signum, frame)
+
+    def on_cont(signum: int, frame: FrameType | None) -> None:
+        if suspended.is_set():
+            suspended.clear()
+            cont(signum, frame)
+
+    signal.signal(signal.SIGTSTP, on_tstp)
+    signal.signal(signal.SIGCONT, on_cont)
 
 
 def measures(values: dict[str, float]) -> str:
@@ -240,6 +264,7 @@ class TopApp(App[None]):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 loop.add_signal_handler(sig, self.exit)
+            _resume_only_after_suspend()
         self.draw_status()
         self.fetch()
 
