@@ -83,14 +83,6 @@ static enum site_mode parse_mode(const char *s, const char *flag)
     return MODE_SHARED;
 }
 
-static const char *preset_of(const enum site_mode modes[SITES_MAX])
-{
-    int shared = 0;
-    for (int s = 0; s < SITES_MAX; s++)
-        shared += modes[s] == MODE_SHARED;
-    return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
-}
-
 enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_CPUS, OPT_KEYCMP };
 
 static void parse_cpus(const char *list)
@@ -178,7 +170,6 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
     /* a site's own flag wins over the preset, whatever their order */
     for (int s = 0; s < SITES_MAX; s++)
         modes[s] = site_set[s] ? site_val[s] : preset;
-    settings.preset = preset_of(modes);
     kv_probe_sample = settings.probe_sample;
     kv_lock_sample = settings.lock_sample;
 }
@@ -209,7 +200,7 @@ int main(int argc, char **argv)
     if (workers_start() != 0)
         goto out;
     fprintf(stderr, "kvcached %s listening on %s:%d (%d worker%s, preset %s)\n", KV_VERSION, settings.iface, bound,
-            settings.nthreads, settings.nthreads == 1 ? "" : "s", settings.preset);
+            settings.nthreads, settings.nthreads == 1 ? "" : "s", sites_preset());
     int sig = listener_run(settings.maxconns);
     if (sig > 0 && settings.verbose > 0)
         fprintf(stderr, "kvcached: %s, shutting down\n", strsignal(sig));

@@ -14,7 +14,6 @@ struct settings {
     int maxconns;
     size_t item_size_max;
     int verbose;
-    const char *preset;
     int probe_sample;
     int lock_sample;
     const char *cpu_affinity; /* as given, "" when the workers are not pinned */

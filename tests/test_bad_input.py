@@ -407,6 +407,7 @@ VERBS = [
     b"version",
     b"verbosity",
     b"stats",
+    b"site",
     b"quit",
     b"GET",
     b"",

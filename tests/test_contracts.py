@@ -111,7 +111,8 @@ def test_the_parser_knows_every_opcode_first() -> None:
     """KV_COMMANDS starts with KV_OPCODES, so CMD_x == OP_x for every request."""
     parse_h = SERVER / "protocol" / "parse.h"
     assert re.search(r"#define KV_COMMANDS\(X\)\s*\\\s*KV_OPCODES\(X\)", parse_h.read_text())
-    assert [e[1] for e in cdefs.x_macro(parse_h, "KV_COMMANDS")] == ["version", "verbosity", "quit", "stats"]
+    commands = [e[1] for e in cdefs.x_macro(parse_h, "KV_COMMANDS")]
+    assert commands == ["version", "verbosity", "quit", "stats", "site"]
 
 
 # ---- the other tables of kvs.d -----------------------------------------------------

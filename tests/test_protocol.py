@@ -640,6 +640,42 @@ def test_stats_settings_kvcached_names(kvcached_factory: Callable[..., Server]) 
         assert settings[site] == "per-thread", site
 
 
+@pytest.mark.kvcached_only("memcached has no contention sites to switch")
+def test_site_switches_a_site_while_it_serves_and_keeps_counts_exact(
+    kvcached_factory: Callable[..., Server],
+) -> None:
+    """`site FUNCTION|all shared|per-thread` switches a site at run time (`stats settings`
+    shows it, `preset` follows); the counters summed over both designs stay exact across
+    a switch; a bad site or mode is a CLIENT_ERROR that changes nothing."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    wire = Wire(server)
+    try:
+        for i in range(10):
+            assert wire.call(f"set k{i} 0 0 1\r\nx\r\n".encode()) == b"STORED\r\n"
+        assert wire.call(b"site on_create_item per-thread\r\n") == b"OK\r\n"
+        settings = server.stats("settings")
+        assert settings["on_create_item"] == settings["on_delete_item"] == "per-thread"
+        assert settings["update_topkeys"] == "shared" and settings["preset"] == "custom"
+        for i in range(10, 15):
+            assert wire.call(f"set k{i} 0 0 1\r\nx\r\n".encode()) == b"STORED\r\n"
+        for i in range(3):  # created under the shared counter, deleted under the per-thread one
+            assert wire.call(f"delete k{i}\r\n".encode()) == b"DELETED\r\n"
+        assert int(server.stats()["item_objects"]) == 12
+        assert wire.call(b"site all per-thread\r\n") == b"OK\r\n"
+        assert server.stats("settings")["preset"] == "fixed"
+        assert wire.call(b"site all shared\r\n") == b"OK\r\n"
+        assert wire.call(b"delete k3\r\n") == b"DELETED\r\n"
+        assert int(server.stats()["item_objects"]) == 11
+        assert server.stats("settings")["preset"] == "baseline"
+        assert wire.call(b"site nope shared\r\n").startswith(b"CLIENT_ERROR unknown site: collect_timings, ")
+        assert wire.call(b"site all sideways\r\n") == b"CLIENT_ERROR mode must be shared or per-thread\r\n"
+        assert wire.call(b"site all\r\n").startswith(b"CLIENT_ERROR usage: site ")
+        assert server.stats("settings")["preset"] == "baseline"
+        assert wire.call(b"get k4\r\n", b"END\r\n") == b"VALUE k4 0 1\r\nx\r\nEND\r\n"
+    finally:
+        wire.close()
+
+
 def test_stats_items_per_class(kvcached: Server, client: Client) -> None:
     """`stats items` has number/age/evicted/reclaimed/outofmemory per class; numbers sum to curr_items."""
     client.set_many({f"small{i}": b"x" * 10 for i in range(30)})

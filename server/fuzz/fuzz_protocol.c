@@ -48,7 +48,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         modes[s] = MODE_SHARED;
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 1, .maxbytes = MEM_LIMIT, .maxconns = 16,
-        .item_size_max = ITEM_SIZE_MAX, .preset = "baseline", .probe_sample = KV_PROBE_SAMPLE_DEFAULT, .cpu_affinity = "",
+        .item_size_max = ITEM_SIZE_MAX, .probe_sample = KV_PROBE_SAMPLE_DEFAULT, .cpu_affinity = "",
     };
     kv_thread_idx = 0;
     if (stats_setup(1) != 0 || sites_setup(1, modes) != 0 || items_setup(MEM_LIMIT, ITEM_SIZE_MAX, KEY_COMPARE_INLINE) != 0)

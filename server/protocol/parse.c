@@ -8,6 +8,7 @@
 
 #define ERR_FORMAT "CLIENT_ERROR bad command line format\r\n"
 #define ERR_UNKNOWN "ERROR\r\n"
+#define ERR_SITE_USAGE "CLIENT_ERROR usage: site <function|all> <shared|per-thread>\r\n"
 
 struct token {
     const char *s;
@@ -233,6 +234,18 @@ static enum parse_status parse_stats(struct request *req, const struct line *l)
     return PARSE_OK;
 }
 
+/* site <function|all> <shared|per-thread>: kvcached's own; the handler knows the names */
+static enum parse_status parse_site(struct request *req, const struct line *l)
+{
+    if (l->ntok != 3)
+        return invalid(req, ERR_SITE_USAGE);
+    req->arg = l->tok[1].s;
+    req->narg = l->tok[1].n;
+    req->arg2 = l->tok[2].s;
+    req->narg2 = l->tok[2].n;
+    return PARSE_OK;
+}
+
 static enum parse_status (*const parsers[CMD_MAX])(struct request *, const struct line *) = {
     [CMD_GET] = parse_get,         [CMD_GETS] = parse_get,         [CMD_GAT] = parse_get,
     [CMD_GATS] = parse_get,        [CMD_SET] = parse_storage,      [CMD_ADD] = parse_storage,
@@ -240,7 +253,7 @@ static enum parse_status (*const parsers[CMD_MAX])(struct request *, const struc
     [CMD_CAS] = parse_storage,     [CMD_DELETE] = parse_delete,    [CMD_INCR] = parse_arith,
     [CMD_DECR] = parse_arith,      [CMD_TOUCH] = parse_touch,      [CMD_FLUSH_ALL] = parse_flush_all,
     [CMD_VERSION] = parse_bare,    [CMD_VERBOSITY] = parse_verbosity, [CMD_QUIT] = parse_bare,
-    [CMD_STATS] = parse_stats,
+    [CMD_STATS] = parse_stats,     [CMD_SITE] = parse_site,
 };
 
 static enum parse_status parse_tokens(struct request *req, const char *s, size_t n)

@@ -26,7 +26,8 @@ enum parse_status {
     X(VERSION, "version")                                                      \
     X(VERBOSITY, "verbosity")                                                  \
     X(QUIT, "quit")                                                            \
-    X(STATS, "stats")
+    X(STATS, "stats")                                                          \
+    X(SITE, "site")
 
 enum command {
 #define X(id, name) CMD_##id,
@@ -49,8 +50,10 @@ struct request {
     uint64_t vlen;   /* storage commands: value bytes announced */
     uint64_t cas;
     uint64_t delta;
-    const char *arg; /* stats group, or NULL */
+    const char *arg; /* stats group, or NULL; site: the site */
     size_t narg;
+    const char *arg2; /* site: the mode */
+    size_t narg2;
 };
 
 enum parse_status parse_request(const char *buf, size_t len, struct request *req);

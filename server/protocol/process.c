@@ -440,6 +440,16 @@ static void process_quit(conn *c, struct request *req)
 
 static void process_stats_cmd(conn *c, struct request *req) { process_stats(c, req->arg, req->narg); }
 
+static void process_site(conn *c, struct request *req)
+{
+    int r = sites_switch(req->arg, req->narg, req->arg2, req->narg2);
+#define X(id, fn, flag) fn ", "
+    out_str(c, r == 0    ? "OK\r\n"
+               : r == -1 ? "CLIENT_ERROR unknown site: " KV_SITES(X) "on_delete_item or all\r\n"
+                         : "CLIENT_ERROR mode must be shared or per-thread\r\n");
+#undef X
+}
+
 static void (*const handlers[CMD_MAX])(conn *, struct request *) = {
     [CMD_GET] = process_get,         [CMD_GETS] = process_gets,
     [CMD_GAT] = process_gat,         [CMD_GATS] = process_gats,
@@ -450,7 +460,7 @@ static void (*const handlers[CMD_MAX])(conn *, struct request *) = {
     [CMD_DECR] = process_decr,       [CMD_TOUCH] = process_touch,
     [CMD_FLUSH_ALL] = process_flush_all, [CMD_VERSION] = process_version,
     [CMD_VERBOSITY] = process_verbosity, [CMD_QUIT] = process_quit,
-    [CMD_STATS] = process_stats_cmd,
+    [CMD_STATS] = process_stats_cmd, [CMD_SITE] = process_site,
 };
 
 /* Runs commands from rbuf until input runs out, output passes the high water

@@ -67,7 +67,7 @@ static void stats_settings(conn *c)
     stat_u64(c, "num_threads", (uint64_t)settings.nthreads);
     stat_u64(c, "item_size_max", settings.item_size_max);
     stat_str(c, "evictions", "on");
-    stat_str(c, "preset", settings.preset);
+    stat_str(c, "preset", sites_preset());
     stat_u64(c, "probe_sample", (uint64_t)settings.probe_sample);
     stat_u64(c, "lock_sample", (uint64_t)settings.lock_sample);
     stat_str(c, "cpu_affinity", settings.ncpus > 0 ? settings.cpu_affinity : "none");

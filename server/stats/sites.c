@@ -22,10 +22,43 @@ const char *site_function(enum site_id s) { return site_functions[s]; }
 const char *site_flag(enum site_id s) { return site_flags[s]; }
 const char *site_mode_name(enum site_mode m) { return m == MODE_SHARED ? "shared" : "per-thread"; }
 
+/* Written by the `site` command while workers read it on every update:
+ * relaxed atomics, a worker sees a switch at its next update. */
 static enum site_mode modes[SITES_MAX];
 static int nslots; /* workers + one slot for any other thread */
 
-enum site_mode site_mode(enum site_id s) { return modes[s]; }
+enum site_mode site_mode(enum site_id s) { return __atomic_load_n(&modes[s], __ATOMIC_RELAXED); }
+
+const char *sites_preset(void)
+{
+    int shared = 0;
+    for (int s = 0; s < SITES_MAX; s++)
+        shared += site_mode((enum site_id)s) == MODE_SHARED;
+    return shared == SITES_MAX ? "baseline" : shared == 0 ? "fixed" : "custom";
+}
+
+static int token_is(const char *s, size_t n, const char *word) { return strlen(word) == n && memcmp(s, word, n) == 0; }
+
+int sites_switch(const char *site, size_t nsite, const char *mode, size_t nmode)
+{
+    enum site_mode m;
+    if (token_is(mode, nmode, site_mode_name(MODE_SHARED)))
+        m = MODE_SHARED;
+    else if (token_is(mode, nmode, site_mode_name(MODE_PER_THREAD)))
+        m = MODE_PER_THREAD;
+    else
+        return -2;
+    int all = token_is(site, nsite, "all"), found = 0;
+    for (int s = 0; s < SITES_MAX; s++) {
+        int named = token_is(site, nsite, site_functions[s]) ||
+                    (s == SITE_ITEM_COUNTER && token_is(site, nsite, "on_delete_item"));
+        if (all || named) {
+            __atomic_store_n(&modes[s], m, __ATOMIC_RELAXED);
+            found = 1;
+        }
+    }
+    return found ? 0 : -1;
+}
 
 /* atomic__sample sites, each with its own per-thread countdown so that a
  * fixed visiting order can never alias with the sampling period. */
@@ -71,7 +104,7 @@ static inline unsigned hist_bucket(uint64_t ns) { return ns ? 63u - (unsigned)__
 __attribute__((noinline)) void collect_timings(enum opcode op, uint64_t ns)
 {
     unsigned b = hist_bucket(ns);
-    if (modes[SITE_TIMINGS] == MODE_SHARED) {
+    if (site_mode(SITE_TIMINGS) == MODE_SHARED) {
         struct hist *h = shared_hist;
         SAMPLED_UPDATE(SAMPLE_TIMINGS, "collect_timings", &h->buckets[op][b],
                        (shared_add(&h->buckets[op][b], 1), shared_add(&h->sum_ns[op], ns)));
@@ -117,7 +150,7 @@ static struct topkeys_table *thread_topkeys; /* nslots */
 __attribute__((noinline)) void update_topkeys(const char *key, size_t nkey, uint64_t hv)
 {
     struct topkeys_table *t =
-        modes[SITE_TOPKEYS] == MODE_SHARED ? shared_topkeys : &thread_topkeys[kv_thread_idx];
+        site_mode(SITE_TOPKEYS) == MODE_SHARED ? shared_topkeys : &thread_topkeys[kv_thread_idx];
     if (nkey > 255)
         nkey = 255;
     kv_lock(&t->lock);
@@ -201,7 +234,7 @@ static struct slot *thread_items, *thread_memory; /* nslots */
 
 __attribute__((noinline)) void on_create_item(void)
 {
-    if (modes[SITE_ITEM_COUNTER] == MODE_SHARED)
+    if (site_mode(SITE_ITEM_COUNTER) == MODE_SHARED)
         SAMPLED_UPDATE(SAMPLE_CREATE, "on_create_item", &shared_items.v, shared_add(&shared_items.v, 1));
     else {
         uint64_t *p = &thread_items[kv_thread_idx].v;
@@ -211,7 +244,7 @@ __attribute__((noinline)) void on_create_item(void)
 
 __attribute__((noinline)) void on_delete_item(void)
 {
-    if (modes[SITE_ITEM_COUNTER] == MODE_SHARED)
+    if (site_mode(SITE_ITEM_COUNTER) == MODE_SHARED)
         SAMPLED_UPDATE(SAMPLE_DELETE, "on_delete_item", &shared_items.v,
                        shared_add(&shared_items.v, (uint64_t)-1));
     else {
@@ -222,7 +255,7 @@ __attribute__((noinline)) void on_delete_item(void)
 
 __attribute__((noinline)) void account_memory(int64_t delta)
 {
-    if (modes[SITE_MEMORY_COUNTER] == MODE_SHARED)
+    if (site_mode(SITE_MEMORY_COUNTER) == MODE_SHARED)
         SAMPLED_UPDATE(SAMPLE_MEMORY, "account_memory", &shared_memory.v,
                        shared_add(&shared_memory.v, (uint64_t)delta));
     else {

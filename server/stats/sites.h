@@ -35,6 +35,15 @@ const char *site_function(enum site_id s);
 const char *site_flag(enum site_id s);
 const char *site_mode_name(enum site_mode m);
 enum site_mode site_mode(enum site_id s);
+/* "baseline" (every site shared), "fixed" (none) or "custom". */
+const char *sites_preset(void);
+
+/* The `site` command: switch a site (by its function's name, on_delete_item
+ * naming the item counter too, or "all") to a mode ("shared", "per-thread")
+ * while the server runs. Both designs' data always exist and every reader
+ * sums both, so counts stay exact across a switch. 0, or -1 for an unknown
+ * site and -2 for an unknown mode (nothing changed). */
+int sites_switch(const char *site, size_t nsite, const char *mode, size_t nmode);
 
 int sites_setup(int nthreads, const enum site_mode modes[SITES_MAX]);
 void sites_teardown(void);

@@ -47,6 +47,9 @@ static void test_commands(void)
         {"quit\r\n", PARSE_OK, CMD_QUIT, 0},
         {"stats\r\n", PARSE_OK, CMD_STATS, 0},
         {"stats settings\r\n", PARSE_OK, CMD_STATS, 0},
+        {"site all shared\r\n", PARSE_OK, CMD_SITE, 0},
+        {"site all\r\n", PARSE_EINVALID, CMD_SITE, 0},
+        {"site a b c\r\n", PARSE_EINVALID, CMD_SITE, 0},
         {"get\r\n", PARSE_EINVALID, CMD_GET, 0},
         {"bogus\r\n", PARSE_EINVALID, CMD_MAX, 0},
         {"\r\n", PARSE_EINVALID, CMD_MAX, 0},
@@ -95,6 +98,11 @@ static void test_fields(void)
     CHECK(parse("incr k 18446744073709551616\r\n", &req) == PARSE_EINVALID, "incr overflow");
     CHECK(parse("gat -1 k\r\n", &req) == PARSE_OK && req.exptime == -1, "gat exptime");
     CHECK(parse("stats items\r\n", &req) == PARSE_OK && req.narg == 5, "stats arg");
+    CHECK(parse("site update_topkeys per-thread\r\n", &req) == PARSE_OK && req.narg == 14 && req.narg2 == 10 &&
+              memcmp(req.arg2, "per-thread", 10) == 0,
+          "site args");
+    CHECK(parse("site\r\n", &req) == PARSE_EINVALID && strncmp(req.error, "CLIENT_ERROR usage: site", 24) == 0,
+          "site usage");
 }
 
 static void test_limits(void)
@@ -120,7 +128,8 @@ struct fields {
     uint32_t flags;
     int64_t exptime;
     uint64_t vlen, cas, delta;
-    const char *arg; /* stats group, verbosity level */
+    const char *arg;  /* stats group, verbosity level, site */
+    const char *arg2; /* site: the mode */
     bool noreply;
 };
 
@@ -149,6 +158,7 @@ static void compose(const struct fields *f, char *buf, size_t size)
     case CMD_FLUSH_ALL: snprintf(buf, size, "flush_all %lld%s\r\n", exp, nr); break;
     case CMD_VERBOSITY: snprintf(buf, size, "verbosity %s%s\r\n", f->arg, nr); break;
     case CMD_STATS: snprintf(buf, size, f->arg ? "stats %s\r\n" : "stats\r\n", f->arg); break;
+    case CMD_SITE: snprintf(buf, size, "site %s %s\r\n", f->arg, f->arg2); break;
     case CMD_VERSION: case CMD_QUIT: case CMD_MAX: snprintf(buf, size, "%s\r\n", name); break;
     }
 }
@@ -171,8 +181,10 @@ static void check_trip(const struct fields *f)
     CHECK(multi ? same(req.keys, req.nkeys_len, f->key) : same(req.key, req.nkey, keyed ? f->key : NULL), line);
     CHECK(req.flags == f->flags && req.exptime == f->exptime && req.vlen == f->vlen, line);
     CHECK(req.cas == f->cas && req.delta == f->delta, line);
-    if (f->cmd == CMD_STATS)
+    if (f->cmd == CMD_STATS || f->cmd == CMD_SITE)
         CHECK(same(req.arg, req.narg, f->arg), line);
+    if (f->cmd == CMD_SITE)
+        CHECK(same(req.arg2, req.narg2, f->arg2), line);
 }
 
 static void test_round_trips(void)
@@ -206,6 +218,8 @@ static void test_round_trips(void)
         {.cmd = CMD_STATS},
         {.cmd = CMD_STATS, .arg = "settings"},
         {.cmd = CMD_STATS, .arg = "timings"},
+        {.cmd = CMD_SITE, .arg = "update_topkeys", .arg2 = "per-thread"},
+        {.cmd = CMD_SITE, .arg = "all", .arg2 = "shared"},
     };
     bool seen[CMD_MAX] = {false};
     for (size_t i = 0; i < sizeof(trips) / sizeof(trips[0]); i++) {
