@@ -661,13 +661,15 @@ def test_site_switches_a_site_while_it_serves_and_keeps_counts_exact(
         for i in range(3):  # created under the shared counter, deleted under the per-thread one
             assert wire.call(f"delete k{i}\r\n".encode()) == b"DELETED\r\n"
         assert int(server.stats()["item_objects"]) == 12
+        assert wire.call(b"site topkeys per-thread\r\n") == b"OK\r\n"  # its flag's name
+        assert server.stats("settings")["update_topkeys"] == "per-thread"
         assert wire.call(b"site all per-thread\r\n") == b"OK\r\n"
         assert server.stats("settings")["preset"] == "fixed"
         assert wire.call(b"site all shared\r\n") == b"OK\r\n"
         assert wire.call(b"delete k3\r\n") == b"DELETED\r\n"
         assert int(server.stats()["item_objects"]) == 11
         assert server.stats("settings")["preset"] == "baseline"
-        assert wire.call(b"site nope shared\r\n").startswith(b"CLIENT_ERROR unknown site: collect_timings, ")
+        assert wire.call(b"site nope shared\r\n").startswith(b"CLIENT_ERROR unknown site: collect_timings (--timings), ")
         assert wire.call(b"site all sideways\r\n") == b"CLIENT_ERROR mode must be shared or per-thread\r\n"
         assert wire.call(b"site all\r\n").startswith(b"CLIENT_ERROR usage: site ")
         assert server.stats("settings")["preset"] == "baseline"

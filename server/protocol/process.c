@@ -443,7 +443,7 @@ static void process_stats_cmd(conn *c, struct request *req) { process_stats(c, r
 static void process_site(conn *c, struct request *req)
 {
     int r = sites_switch(req->arg, req->narg, req->arg2, req->narg2);
-#define X(id, fn, flag) fn ", "
+#define X(id, fn, flag) fn " (" flag "), "
     out_str(c, r == 0    ? "OK\r\n"
                : r == -1 ? "CLIENT_ERROR unknown site: " KV_SITES(X) "on_delete_item or all\r\n"
                          : "CLIENT_ERROR mode must be shared or per-thread\r\n");

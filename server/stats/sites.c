@@ -50,7 +50,7 @@ int sites_switch(const char *site, size_t nsite, const char *mode, size_t nmode)
         return -2;
     int all = token_is(site, nsite, "all"), found = 0;
     for (int s = 0; s < SITES_MAX; s++) {
-        int named = token_is(site, nsite, site_functions[s]) ||
+        int named = token_is(site, nsite, site_functions[s]) || token_is(site, nsite, site_flags[s] + 2) ||
                     (s == SITE_ITEM_COUNTER && token_is(site, nsite, "on_delete_item"));
         if (all || named) {
             __atomic_store_n(&modes[s], m, __ATOMIC_RELAXED);

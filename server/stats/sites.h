@@ -39,7 +39,7 @@ enum site_mode site_mode(enum site_id s);
 const char *sites_preset(void);
 
 /* The `site` command: switch a site (by its function's name, on_delete_item
- * naming the item counter too, or "all") to a mode ("shared", "per-thread")
+ * naming the item counter too, by its flag without the dashes, or "all") to a mode ("shared", "per-thread")
  * while the server runs. Both designs' data always exist and every reader
  * sums both, so counts stay exact across a switch. 0, or -1 for an unknown
  * site and -2 for an unknown mode (nothing changed). */
