@@ -15,6 +15,7 @@ from support import exposition, kvload, kvprof, record
 
 from kvprof.analysis import find
 from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, predict
+from kvprof.bench import BenchError
 from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.variants import SITES
 from kvprof.model.profile import (
@@ -203,6 +204,31 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert rows["topkeys"].close and not rows["fixed"].close
     assert rows["timings"].measured == pytest.approx(0.10)
     assert bench_whatif.order_misses(list(rows.values())) == ["timings > item-counter"]
+
+    # measured toggled on one server, the prediction is judged against that instead
+    toggled = {
+        "fixed": bench_whatif.Toggled("fixed", (1.24, 1.26, 1.25, 1.25)),
+        "timings": bench_whatif.Toggled("timings", (1.0, 1.01, 0.99, 1.0)),
+    }
+    rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled)}
+    assert rows["fixed"].close and rows["fixed"].measured == pytest.approx(0.25)
+    assert rows["fixed"].rounds == pytest.approx(0.40)
+    assert rows["topkeys"].measured == pytest.approx(0.18)  # not toggled: the rounds'
+    assert bench_whatif.order_misses(list(rows.values())) == []
+
+
+def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., Server]) -> None:
+    """The toggled measurement on a real kvcached under kvload: one ratio per pair, the
+    site shared again afterwards; a kvcached that refuses the switch is one clear error."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    with kvload(server, 60):
+        got = bench_whatif.toggled_fix(server, "topkeys", 4, window=0.1, settle=0.01)
+        assert got.fix == "topkeys" and len(got.ratios) == 4 and all(r > 0 for r in got.ratios)
+        assert server.stats("settings")["update_topkeys"] == "shared"
+        everything = bench_whatif.toggled_fix(server, bench_whatif.ALL, 2, window=0.1, settle=0.01)
+        assert len(everything.ratios) == 2 and server.stats("settings")["preset"] == "baseline"
+        with pytest.raises(BenchError, match="kvcached refused `site nope shared`: CLIENT_ERROR unknown site"):
+            bench_whatif.toggled_fix(server, "nope", 1)
 
 
 # ---- the ground truth: kvcached's fixes (BPF) ------------------------------------------

@@ -10,26 +10,37 @@ sets predicted beside measured, judged by the bench's verdict rule
 (kvprof.bench.stats). `fixed` is recorded too: no finding there should
 predict a gain worth having.
 
+Rounds on separate servers seconds apart scatter by more than these gains
+(the host moves the VM's CPUs between them), so each fix is also measured on
+one server, toggled (`toggle`): the baseline server under the same load, its
+site switched to per-thread and back with kvcached's `site` command, many
+short windows alternated A B / B A, the gain the median of the pairs'
+ratios with its standard error. A prediction is judged against that one.
+
 A finding belongs to the fix of the catalog entry it matched (its hotspot id,
 which is kvcached's site flag); the model itself knows nothing of kvcached.
 """
 
 from __future__ import annotations
 
+import math
+import socket
+import statistics
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvprof.bench import BenchError, stats
+from kvprof.bench import BenchError, stats, table
 from kvprof.bench.loadgen import kvload_argv
 from kvprof.bench.runner import Bench
 from kvprof.bench.scenarios import WHATIF
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
-from kvprof.system.servers import die_with_parent
+from kvprof.system.servers import Server, die_with_parent
 
 WORKERS = 2
 RECORD_S = 5.0  # seconds of profile the predictions come from
@@ -38,6 +49,10 @@ ALL = "fixed"  # the preset with every site fixed, and its row
 TOLERANCE = 0.30  # a prediction is close when within this share of the measured gain...
 TOLERANCE_POINTS = 0.03  # ...or within these points of it, whichever is wider
 FIXED_MAX = 0.02  # on the fixed preset no finding should predict more
+TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server
+TOGGLE_WINDOW_S = 0.2  # the site's switch takes effect at each worker's next update
+TOGGLE_SETTLE_S = 0.05  # after a switch, before its window
+MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, normal spread
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
@@ -104,14 +119,99 @@ def record(bench: Bench, v: Variant, seconds: float) -> Profile:
         load.wait(10)
 
 
+@dataclass(frozen=True)
+class Toggled:
+    """One fix measured on one server: windows with its site(s) shared and per-thread, alternated."""
+
+    fix: str
+    ratios: tuple[float, ...]  # per-thread / shared ops/s, pair by pair
+
+    @property
+    def gain(self) -> float:
+        return stats.median(self.ratios) - 1
+
+    @property
+    def error(self) -> float:
+        """The standard error of `gain`."""
+        if len(self.ratios) < 2:
+            return math.inf
+        return MEDIAN_SE * statistics.stdev(self.ratios) / math.sqrt(len(self.ratios))
+
+
+def _ops(server_stats: Callable[[], dict[str, str]]) -> int:
+    s = server_stats()
+    return int(s["cmd_get"]) + int(s["cmd_set"])
+
+
+def _switch(conn: socket.socket, site: str, mode: str) -> None:
+    conn.sendall(f"site {site} {mode}\r\n".encode())
+    reply = conn.recv(4096).decode(errors="replace").strip()
+    if reply != "OK":
+        raise BenchError(
+            f"kvcached refused `site {site} {mode}`: {reply} (a kvcached without it: make build)"
+        )
+
+
+def toggled_fix(
+    server: Server, fix: str, pairs: int, window: float = TOGGLE_WINDOW_S, settle: float = TOGGLE_SETTLE_S
+) -> Toggled:
+    """`fix` (a site's flag, or ALL) on a server that runs under load: `pairs` pairs of
+    `window`-second windows, A B / B A, per-thread against shared; shared again after."""
+    site = "all" if fix == ALL else fix
+    ratios = []
+    with socket.create_connection((server.host, server.port), timeout=5) as conn:
+        _switch(conn, site, "shared")  # a kvcached that cannot switch it says so here
+        try:
+            for i in range(pairs):
+                rate = {}
+                for fixed in (False, True) if i % 2 == 0 else (True, False):
+                    _switch(conn, site, "per-thread" if fixed else "shared")
+                    time.sleep(settle)
+                    ops0, t0 = _ops(server.stats), time.monotonic()
+                    time.sleep(window)
+                    rate[fixed] = (_ops(server.stats) - ops0) / (time.monotonic() - t0)
+                if rate[False] <= 0:
+                    raise BenchError(f"{server.address} served nothing in a window: the load stopped")
+                ratios.append(rate[True] / rate[False])
+        finally:
+            _switch(conn, site, "shared")
+    return Toggled(fix, tuple(ratios))
+
+
+def toggle(bench: Bench, v: Variant, pairs: int) -> dict[str, Toggled]:
+    """Every fix measured on `v`'s (baseline) server, toggled, under `v`'s load."""
+    server = bench.servers[v.server]
+    assert bench.kvload is not None
+    names = list(fixes())
+    seconds = len(names) * pairs * 2 * (TOGGLE_WINDOW_S + TOGGLE_SETTLE_S + 0.01)  # + the stats reads
+    argv = kvload_argv(bench.kvload, server.address, v.client, SETTLE_S + seconds * 1.5 + 5.0)
+    load = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
+    out = {}
+    try:
+        time.sleep(SETTLE_S)
+        for fix in names:
+            bench.say(f"[toggle] {v.name}: {fix} switched, {pairs} pairs of {TOGGLE_WINDOW_S:g} s windows")
+            out[fix] = toggled_fix(server, fix, pairs)
+            bench.say(f"[toggle] {fix}: {out[fix].gain * 100:+.1f} % ±{out[fix].error * 100:.1f}")
+    finally:
+        load.terminate()
+        load.wait(10)
+    return out
+
+
 @dataclass
 class Recorder:
-    """Records baseline and fixed before the rounds and keeps what the model said."""
+    """Records baseline and fixed before the rounds and keeps what the model said; then
+    measures each fix toggled on the baseline server (`toggle_pairs`, 0: not at all)."""
 
     predict: Predict
     seconds: float = RECORD_S
     keep: Path | None = None  # where the profiles go (for `kvprof report`)
+    toggle_pairs: int = TOGGLE_PAIRS
     predicted: dict[str, Predicted] = field(default_factory=dict)  # variant name -> prediction
+    toggled: dict[str, dict[str, Toggled]] = field(default_factory=dict)  # baseline's name -> fix -> gain
 
     def __call__(self, bench: Bench) -> None:
         for g in bench.plan.groups:
@@ -123,17 +223,31 @@ class Recorder:
                 self.predicted[v.name] = self.predict(p, fixes())
                 said = self.predicted[v.name]
                 bench.say(f"[record] {v.name}: busy {said.busy_share:.0%} ({said.pace})")
+            if self.toggle_pairs:
+                self.toggled[g.variants[0].name] = toggle(bench, g.variants[0], self.toggle_pairs)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One fix: predicted against measured."""
+    """One fix: predicted against measured, toggled on one server when it was."""
 
     fix: str
     predicted: float
-    measured: float  # median per-round ratio - 1
-    spread: float  # the CV of the per-round ratios
-    verdict: str
+    rounds: float  # the paired rounds' median per-round ratio - 1
+    rounds_spread: float  # the CV of the per-round ratios
+    verdict: str  # the rounds'
+    toggled: Toggled | None = None
+
+    @property
+    def measured(self) -> float:
+        """What the prediction is judged against: the toggled gain, else the rounds'."""
+        return self.toggled.gain if self.toggled is not None else self.rounds
+
+    @property
+    def spread(self) -> float:
+        """How far `measured` may be off: twice the toggled gain's standard error (95 %),
+        else the rounds' CV."""
+        return 2 * self.toggled.error if self.toggled is not None else self.rounds_spread
 
     @property
     def allowed(self) -> float:
@@ -144,14 +258,21 @@ class Check:
         return abs(self.predicted - self.measured) <= self.allowed
 
 
-def checks(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], said: Predicted) -> list[Check]:
+def checks(
+    group: Sequence[Variant],
+    ops: Mapping[str, Sequence[float]],
+    said: Predicted,
+    toggled: Mapping[str, Toggled] | None = None,
+) -> list[Check]:
     """Each fix of a group against its reference (the group's first variant)."""
     base = ops[group[0].name]
     out = []
     for v in group[1:]:
         c = stats.compare(base, ops[v.name])
         fix = fix_of(v)
-        out.append(Check(fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict))
+        out.append(
+            Check(fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict, (toggled or {}).get(fix))
+        )
     return out
 
 
@@ -178,17 +299,30 @@ def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Re
     said = rec.predicted.get(base)
     if said is None:
         return []
-    rows = checks(group, ops, said)
+    toggled = rec.toggled.get(base)
+    rows = checks(group, ops, said, toggled)
     lines = [
-        f"what each fix is worth, {group[0].group}: predicted from a {rec.seconds:g} s profile of {base},",
-        "measured in the paired rounds above",
-        f"{'fix':<16}{'predicted':>10}{'measured':>10}{'rCV %':>7}  {'verdict':<12} close (allowed)",
+        *table.wrap(
+            f"what each fix is worth, {group[0].group}: predicted from a {rec.seconds:g} s profile of "
+            f"{base}, measured in the paired rounds above"
+            + (
+                f" and toggled on one {base} server ({rec.toggle_pairs} pairs of {TOGGLE_WINDOW_S:g} s "
+                "windows, the site switched by kvcached's `site` command; median gain ± its standard "
+                "error): the prediction is judged against the toggled gain"
+                if toggled
+                else ""
+            )
+        ),
+        f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'toggled':>9} {'±SE':>5}"
+        "  close (allowed)",
     ]
     for r in rows:
         ok = "yes" if r.close else "NO"
+        t = r.toggled
         lines.append(
-            f"{r.fix:<16}{_pct(r.predicted):>10}{_pct(r.measured):>10}{r.spread * 100:7.1f}  "
-            f"{r.verdict:<12} {ok} (±{r.allowed * 100:.1f})"
+            f"{r.fix:<16}{_pct(r.predicted):>10}{_pct(r.rounds):>9}{r.rounds_spread * 100:7.1f}  "
+            f"{r.verdict:<12}{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
+            f"  {ok} (±{r.allowed * 100:.1f})"
         )
     misses = order_misses(rows)
     lines.append(
