@@ -277,14 +277,15 @@ def checks(
 
 
 def order_misses(rows: Sequence[Check]) -> list[str]:
-    """Pairs of single fixes whose measured gains differ by more than their spread and
-    whose predicted order is the other way round."""
+    """Pairs of single fixes whose measured gains differ by more than their spreads
+    together (the spread of a difference of two independent measurements: the root of
+    the sum of their squares) and whose predicted order is the other way round."""
     single = [r for r in rows if r.fix != ALL]
     out = []
     for i, a in enumerate(single):
         for b in single[i + 1 :]:
             hi, lo = (a, b) if a.measured > b.measured else (b, a)
-            if hi.measured - lo.measured > max(a.spread, b.spread) and hi.predicted < lo.predicted:
+            if hi.measured - lo.measured > math.hypot(a.spread, b.spread) and hi.predicted < lo.predicted:
                 out.append(f"{hi.fix} > {lo.fix}")
     return out
 
@@ -326,7 +327,7 @@ def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Re
         )
     misses = order_misses(rows)
     lines.append(
-        "order of the single fixes, where the measured gains differ by more than their spread: "
+        "order of the single fixes, where the measured gains differ by more than their spreads together: "
         + ("as measured" if not misses else "NOT as measured: " + ", ".join(misses))
     )
     lines.append(f"{base}: its busy threads were busy {said.busy_share:.0%} of the time ({said.pace})")
