@@ -215,6 +215,10 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert rows["fixed"].rounds == pytest.approx(0.40)
     assert rows["topkeys"].measured == pytest.approx(0.18)  # not toggled: the rounds'
     assert bench_whatif.order_misses(list(rows.values())) == []
+    # one window something else took moves neither the gain nor its error much
+    steady = bench_whatif.Toggled("x", tuple(1.0 + 0.01 * (i % 5 - 2) for i in range(40)))
+    upset = bench_whatif.Toggled("x", (*steady.ratios[:-1], 9.0))
+    assert upset.gain == pytest.approx(steady.gain) and upset.error < 2 * steady.error
 
 
 def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., Server]) -> None:
@@ -227,7 +231,9 @@ def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., 
         assert server.stats("settings")["update_topkeys"] == "shared"
         everything = bench_whatif.toggled_fix(server, bench_whatif.ALL, 2, window=0.1, settle=0.01)
         assert len(everything.ratios) == 2 and server.stats("settings")["preset"] == "baseline"
-        with pytest.raises(BenchError, match="kvcached refused `site nope shared`: CLIENT_ERROR unknown site"):
+        with pytest.raises(
+            BenchError, match="kvcached refused `site nope shared`: CLIENT_ERROR unknown site"
+        ):
             bench_whatif.toggled_fix(server, "nope", 1)
 
 

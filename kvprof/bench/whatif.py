@@ -53,6 +53,7 @@ TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server
 TOGGLE_WINDOW_S = 0.2  # the site's switch takes effect at each worker's next update
 TOGGLE_SETTLE_S = 0.05  # after a switch, before its window
 MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, normal spread
+IQR_SIGMAS = 2 * statistics.NormalDist().inv_cdf(0.75)  # an interquartile range in standard deviations
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
@@ -132,10 +133,13 @@ class Toggled:
 
     @property
     def error(self) -> float:
-        """The standard error of `gain`."""
+        """The standard error of `gain`, from the ratios' interquartile range: a window
+        that something else on the machine took does not inflate it, as it does a
+        standard deviation."""
         if len(self.ratios) < 2:
             return math.inf
-        return MEDIAN_SE * statistics.stdev(self.ratios) / math.sqrt(len(self.ratios))
+        q = statistics.quantiles(self.ratios, n=4)
+        return MEDIAN_SE * (q[2] - q[0]) / IQR_SIGMAS / math.sqrt(len(self.ratios))
 
 
 def _ops(server_stats: Callable[[], dict[str, str]]) -> int:
