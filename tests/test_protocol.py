@@ -669,7 +669,8 @@ def test_site_switches_a_site_while_it_serves_and_keeps_counts_exact(
         assert wire.call(b"delete k3\r\n") == b"DELETED\r\n"
         assert int(server.stats()["item_objects"]) == 11
         assert server.stats("settings")["preset"] == "baseline"
-        assert wire.call(b"site nope shared\r\n").startswith(b"CLIENT_ERROR unknown site: collect_timings (--timings), ")
+        unknown = wire.call(b"site nope shared\r\n")
+        assert unknown.startswith(b"CLIENT_ERROR unknown site: collect_timings (--timings), ")
         assert wire.call(b"site all sideways\r\n") == b"CLIENT_ERROR mode must be shared or per-thread\r\n"
         assert wire.call(b"site all\r\n").startswith(b"CLIENT_ERROR usage: site ")
         assert server.stats("settings")["preset"] == "baseline"
