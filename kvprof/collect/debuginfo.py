@@ -402,13 +402,14 @@ class ProcessSymbols:
 
     def refresh(self) -> bool:
         """Read the mappings again; False when the process is gone (the old ones stay).
-        A mapping that went away stays known until a new one covers its addresses:
-        stacks taken before an exec or a dlclose, read after it, keep their names."""
+        A file's mapping that went away stays known until a new one covers its addresses:
+        stacks taken before an exec or a dlclose, read after it, keep their names.
+        Anonymous memory that went away is forgotten (it comes and goes all the time)."""
         maps = read_maps(self.pid)
         if not maps:
             return False
         starts = [m.start for m in maps]
-        gone = [m for m in self.maps if not _covered(m, maps, starts)]
+        gone = [m for m in self.maps if m.path.startswith("/") and not _covered(m, maps, starts)]
         self.maps = sorted(maps + gone, key=lambda m: m.start) if gone else maps
         self._starts = [m.start for m in self.maps]
         return True

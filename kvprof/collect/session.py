@@ -343,7 +343,12 @@ class Session:
                 return
             for collector in self.active:
                 if hasattr(collector, "resume"):
-                    collector.resume()
+                    try:
+                        collector.resume()
+                    except Exception as e:  # the target exited meanwhile, a probe went: the rest go on
+                        self.status.warnings.append(
+                            f"{collector.name}: not attached again after the pause: {e}"
+                        )
             self._paused_s += time.monotonic() - self._paused_at
             self._paused_at = 0.0
 
