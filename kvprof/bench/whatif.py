@@ -38,6 +38,7 @@ from kvprof.bench.loadgen import kvload_argv
 from kvprof.bench.runner import Bench
 from kvprof.bench.scenarios import WHATIF
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
+from kvprof.collect.server_stats import ops_total
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
 from kvprof.system.servers import Server, die_with_parent
@@ -142,9 +143,11 @@ class Toggled:
         return MEDIAN_SE * (q[2] - q[0]) / IQR_SIGMAS / math.sqrt(len(self.ratios))
 
 
-def _ops(server_stats: Callable[[], dict[str, str]]) -> int:
-    s = server_stats()
-    return int(s["cmd_get"]) + int(s["cmd_set"])
+def _ops(server: Server) -> int:
+    done = ops_total(server.stats())
+    if done is None:
+        raise BenchError(f"{server.address}: its `stats` has no operation counts")
+    return done
 
 
 def _switch(conn: socket.socket, site: str, mode: str) -> None:
@@ -171,9 +174,9 @@ def toggled_fix(
                 for fixed in (False, True) if i % 2 == 0 else (True, False):
                     _switch(conn, site, "per-thread" if fixed else "shared")
                     time.sleep(settle)
-                    ops0, t0 = _ops(server.stats), time.monotonic()
+                    ops0, t0 = _ops(server), time.monotonic()
                     time.sleep(window)
-                    rate[fixed] = (_ops(server.stats) - ops0) / (time.monotonic() - t0)
+                    rate[fixed] = (_ops(server) - ops0) / (time.monotonic() - t0)
                 if rate[False] <= 0:
                     raise BenchError(f"{server.address} served nothing in a window: the load stopped")
                 ratios.append(rate[True] / rate[False])
