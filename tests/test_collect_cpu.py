@@ -22,6 +22,7 @@ import pytest
 from support import bpf_frames, collecting, our_bpf_fds, snapshot, stop_contend
 
 from kvprof.collect import CollectOptions
+from kvprof.model.delta import delta
 from kvprof.model.profile import Profile
 from kvprof.model.topology import parse_cpulist
 from kvprof.system.servers import Server, kvload_binary
@@ -204,3 +205,36 @@ def test_target_exits_mid_run(contend: Callable[[], subprocess.Popen[bytes]]) ->
         assert self_samples(p).most_common(1)[0][0] == "spin_hot_function"
         assert sum(f.waits for f in p.offcpu.futex if f.tid == by_name["mutex-a"]) > 0
     assert after.oncpu == profile.oncpu and after.offcpu == profile.offcpu
+
+
+def test_time_runnable_waiting_for_a_cpu_is_counted_per_thread() -> None:
+    """A spinning thread that shares its CPU with another spinner waits runnable for about
+    half of the window; one alone on its CPU waits for it far less: offcpu's
+    `runnable_ns` (the kernel's run delay, taken over the window) says so."""
+    cpu = str(online_cpus()[-1])
+    spin = ["taskset", "-c", cpu, "python3", "-c", "while True: pass"]
+    target = subprocess.Popen(spin)
+    rival = None
+    try:
+        with collecting(target.pid) as (collectors, _):
+            alone = snapshot(target.pid, collectors)
+            time.sleep(1.0)
+            mid = snapshot(target.pid, collectors)
+            rival = subprocess.Popen(spin)
+            time.sleep(0.5)
+            start = snapshot(target.pid, collectors)
+            t0 = time.monotonic()
+            time.sleep(2.0)
+            end = snapshot(target.pid, collectors)
+            shared_s = time.monotonic() - t0
+        tid = str(target.pid)
+        shared = delta(end, start).threads[tid].runnable_ns / 1e9 / shared_s
+        by_itself = delta(mid, alone).threads[tid].runnable_ns / 1e9
+        # two spinners on one CPU: each waits about half the time; more load only adds
+        assert shared >= 0.3, shared
+        assert by_itself < shared, (by_itself, shared)
+    finally:
+        for p in (rival, target):
+            if p is not None:
+                p.kill()
+                p.wait(10)

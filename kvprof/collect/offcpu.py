@@ -45,6 +45,7 @@ from kvprof.collect import CollectOptions
 from kvprof.collect.bpf import Module, Program, map_items, percpu_counters, warn
 from kvprof.collect.stacks import StackCollector
 from kvprof.collect.symbols import DataNames
+from kvprof.collect.thread_sockets import run_delays
 from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
 # The order of `enum offcpu_health` in probes/offcpu.bpf.c.
@@ -60,6 +61,7 @@ class _Snapshot:
     stacks: list[OffCpuStack] = field(default_factory=list)
     futex: list[FutexWait] = field(default_factory=list)
     offcpu_ns: dict[int, int] = field(default_factory=dict)
+    runnable_ns: dict[int, int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
@@ -134,6 +136,7 @@ class OffCpuCollector(StackCollector):
                 for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
             ],
             offcpu_ns=dict(per_thread),
+            runnable_ns=run_delays(self.pid),
             names={tid: self.names.get(tid) for tid in tids},
             health=percpu_counters(self.table("health"), HEALTH),
         )
@@ -147,6 +150,9 @@ class OffCpuCollector(StackCollector):
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.offcpu_ns = snap.offcpu_ns.get(tid, 0)
             info.name = info.name or name
+        for tid, ns in snap.runnable_ns.items():
+            # every thread, seen switching or not: the window's base must hold each one's count
+            profile.threads.setdefault(str(tid), ThreadInfo()).runnable_ns = ns
         health = snap.health
         counters = profile.status.counters
         for name in ("stack_errors", "preempted_ns", "futex_waits"):

@@ -1,6 +1,7 @@
-"""On which socket a process's threads run, for collectors that sample from outside
-the target (py-spy does not say on which CPU a sample ran): a thread's samples are
-split in proportion to the CPUs /proc shows it on, read a few times a second."""
+"""Per-thread facts from /proc/PID/task: each thread's run delay (for offcpu), and on
+which socket a process's threads run, for collectors that sample from outside the
+target (py-spy does not say on which CPU a sample ran): a thread's samples are split
+in proportion to the CPUs /proc shows it on, read a few times a second."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import math
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from kvprof.model.topology import Topology
 
 
-def thread_cpus(pid: int) -> dict[int, int]:
-    """tid -> the CPU each thread of `pid` last ran on (/proc/PID/task/TID/stat, field 39)."""
+def per_thread(pid: int, name: str, value: Callable[[str], int]) -> dict[int, int]:
+    """tid -> `value` of each thread's /proc/PID/task/TID/`name` (a thread gone
+    meanwhile, or a file that does not parse, is left out)."""
     out: dict[int, int] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -21,12 +24,23 @@ def thread_cpus(pid: int) -> dict[int, int]:
         return out
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = int(fields[36])  # fields[0] is field 3 (state)
+            with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                out[int(tid)] = value(f.read())
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def thread_cpus(pid: int) -> dict[int, int]:
+    """tid -> the CPU each thread of `pid` last ran on (stat's field 39; after the
+    command's closing parenthesis the fields start at 3, the state)."""
+    return per_thread(pid, "stat", lambda text: int(text.rsplit(")", 1)[1].split()[36]))
+
+
+def run_delays(pid: int) -> dict[int, int]:
+    """tid -> the ns each thread of `pid` has been runnable but waiting for a CPU since
+    it started (schedstat's second field, the kernel's run delay)."""
+    return per_thread(pid, "schedstat", lambda text: int(text.split()[1]))
 
 
 class SocketTally:

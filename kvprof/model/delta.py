@@ -42,6 +42,7 @@ def _threads(new: dict[str, ThreadInfo], old: dict[str, ThreadInfo]) -> dict[str
             sockets=sockets,
             offcpu_ns=t.offcpu_ns - o.offcpu_ns,
             lock_wait_ns=t.lock_wait_ns - o.lock_wait_ns,
+            runnable_ns=t.runnable_ns - o.runnable_ns,
         )
     return out
 

@@ -82,6 +82,7 @@ class ThreadInfo:
     stack_stops: dict[str, int] = field(default_factory=dict)  # why on-CPU stacks stopped early -> samples
     offcpu_ns: int = 0
     lock_wait_ns: int = 0
+    runnable_ns: int = 0  # of offcpu_ns, waiting for a CPU while runnable (the kernel's run delay)
 
 
 @dataclass
