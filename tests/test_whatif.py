@@ -14,7 +14,7 @@ import pytest
 from support import exposition, kvload, kvprof, record
 
 from kvprof.analysis import find
-from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, predict
+from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, predict
 from kvprof.bench import BenchError
 from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.variants import SITES
@@ -43,15 +43,23 @@ EPOLL = ["start_thread", "worker_main", "epoll_wait", "do_epoll_wait_[k]", "sche
 SERVE = ["start_thread", "worker_main", "serve"]
 
 
-def _profile(on_cpu: float, idle: float, wait: float = 0.0, **extra: object) -> Profile:
+def _profile(
+    on_cpu: float, idle: float, wait: float = 0.0, runnable: float = 0.0, **extra: object
+) -> Profile:
     """Two worker threads, each `on_cpu` of the window on the CPU (in `serve`), `idle` of it
-    waiting for work in epoll_wait, and `wait` of it waiting on the lock `biglock` in `bump`."""
+    waiting for work in epoll_wait, `wait` of it waiting on the lock `biglock` in `bump`,
+    and `runnable` of it waiting for a CPU."""
     ns = round(DUR * 1e9)
     threads, stacks, off, by_thread = {}, [], [], {}
     for tid in (T0, T1):
         samples = round(on_cpu * FULL)
-        idle_ns, wait_ns = round(idle * ns), round(wait * ns)
-        threads[tid] = ThreadInfo(name=f"worker-{tid}", cpu_samples=samples, offcpu_ns=idle_ns + wait_ns)
+        idle_ns, wait_ns, runnable_ns = round(idle * ns), round(wait * ns), round(runnable * ns)
+        threads[tid] = ThreadInfo(
+            name=f"worker-{tid}",
+            cpu_samples=samples,
+            offcpu_ns=idle_ns + wait_ns + runnable_ns,
+            runnable_ns=runnable_ns,
+        )
         stacks.append(CpuStack(int(tid), SERVE, samples))
         if idle_ns:
             off.append(OffCpuStack(int(tid), EPOLL, idle_ns))
@@ -96,6 +104,18 @@ def test_the_idle_share_scales_the_gain_down() -> None:
     assert 0 < half_idle < busy
 
 
+def test_time_waiting_for_a_cpu_is_busy() -> None:
+    """Threads that wait for a CPU the rest of the time (the machine's CPUs are the limit,
+    not the requests) gain what always-busy threads gain; the same time spent waiting for
+    requests instead scales the gain down, and the pace says which."""
+    crowded = _profile(on_cpu=0.4, idle=0.0, wait=0.1, runnable=0.5)
+    assert _lock_gain(crowded) == pytest.approx(0.1 / 0.9, rel=0.02)
+    assert budget(crowded).pace == "cpu-bound"
+    waiting_for_work = _profile(on_cpu=0.4, idle=0.5, wait=0.1)
+    assert _lock_gain(waiting_for_work) < 0.6 * _lock_gain(crowded)
+    assert budget(waiting_for_work).pace == "partly cpu-bound"
+
+
 def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Path) -> None:
     """Threads waiting for requests 95 % of the time with a small lock wait: the gain is
     about 0 and the report says the server is not CPU-bound."""
@@ -109,14 +129,17 @@ def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Pat
     assert "it is not CPU-bound" in " ".join(text.stdout.split())
 
 
-def _stalled(share: float) -> Profile:
-    """Two threads always on the CPU, `share` of their samples stalled on atomic writes to one line."""
+def _stalled(share: float, address: int = 0x5000, function: str = "bump") -> Profile:
+    """Two threads always on the CPU, `share` of their samples stalled on atomic writes to
+    one line (at `address`, in `function`)."""
     p = _profile(on_cpu=1.0, idle=0.0)
     p.collectors.append("regsample")
     n = round(share * FULL)
     p.addresses = SampledAddresses(
         samples=[
-            AddressSample(int(t), i, 0x5000, 0x401000, "bump", "lock add qword ptr [rip], 1", "hits", 8, n)
+            AddressSample(
+                int(t), i, address, 0x401000, function, "lock cmpxchg dword ptr [rdi], edx", "hits", 4, n
+            )
             for i, t in enumerate((T0, T1))
         ],
         thread_samples={T0: FULL, T1: FULL},
@@ -129,6 +152,20 @@ def test_stall_bound_threads_gain_what_the_stall_takes() -> None:
     """Half of two busy threads' samples stalled on one shared atomic: fixing it doubles them."""
     f = next(f for f in find(_stalled(0.5)) if f.id.startswith("sampled-line:"))
     assert f.cost[GAIN_KEY] == pytest.approx(1.0, rel=0.02)
+
+
+def test_a_lock_counts_the_stalls_on_its_own_word_once() -> None:
+    """A contended lock whose word (at the lock's address) also stalls its takers: its fix
+    removes the wait and the stall, and fixing it with the word's own line finding counts
+    the stall once."""
+    wait_only = _profile(on_cpu=0.8, idle=0.0, wait=0.2)
+    p = _stalled(0.1, address=wait_only.locks[0].address, function="pthread_mutex_lock")
+    p.locks = wait_only.locks
+    findings = find(p)
+    lock = next(f for f in findings if f.id == "lock:biglock")
+    word = next(f for f in findings if f.id.startswith("sampled-line:"))
+    assert lock.cost[GAIN_KEY] > _lock_gain(wait_only)
+    assert gain_if_fixed(p, [lock, word]) == pytest.approx(gain_if_fixed(p, [lock]))
 
 
 def test_fixes_together_compound_rather_than_add() -> None:

@@ -1,9 +1,9 @@
 """What each fix is worth: the throughput a finding would give back if it were fixed.
 
 For every thread of the target the window is a time budget: busy (on the
-CPU, or waiting on a contended lock or futex: serving) or not (waiting for
-requests, for a CPU another process holds, for I/O). A fix removes part of
-a thread's busy time, `removed`: the time it waited for a contended lock or
+CPU, runnable and waiting for a CPU, or waiting on a contended lock or
+futex: it has work in hand) or not (waiting for requests or for I/O). A fix
+removes part of a thread's busy time, `removed`: the time it waited for a contended lock or
 futex, the CPU it spent in the machinery only a contended lock runs at that
 call site (the futex calls, the wake-up an unlock owes a sleeper), the CPU
 of a function whose shared cache line bounced, or the CPU samples stalled
@@ -13,10 +13,10 @@ work itself; only that excess goes.
 A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
 what it gains. A thread busy a share `b` of the time is the bottleneck only
-while busy: the rest of the time the client, the network or another process
-has the requests or the CPU, and a shorter service time does not bring them
-sooner. So its gain is b x r / (1 - r): all of it when b = 1, about nothing
-when it mostly waits. The target's gain is the mean of its threads' gains
+while busy: the rest of the time the client or the network has the
+requests, and a shorter service time does not bring them sooner. So its
+gain is b x r / (1 - r): all of it when b = 1, about nothing when it mostly
+waits. The target's gain is the mean of its threads' gains
 weighted by their busy time (the work each serves). Several fixes remove the
 sum of their times from each thread before the formula is applied, so gains
 compound rather than add.
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from kvprof.analysis.findings.common import THRESHOLDS
 from kvprof.analysis.hotspots import normalize
+from kvprof.analysis.lines import LINE, line_table
 from kvprof.analysis.tables import locks, seconds
 from kvprof.model.profile import HZ, Finding, Profile
 
@@ -57,7 +58,7 @@ class ThreadTime:
     tid: str
     name: str
     on_cpu: float
-    busy: float  # on the CPU or waiting on a contended lock; the rest it waited for something else
+    busy: float  # on the CPU, waiting for one or on a contended lock; the rest it waited for work
 
 
 @dataclass
@@ -73,18 +74,18 @@ class Budget:
         if not self.pace:
             return "No thread of the target was seen busy: no gain can be predicted."
         how = (
-            f"The target's busy threads were on the CPU or waiting on a contended lock "
+            f"The target's busy threads were on a CPU, waiting for one or on a contended lock "
             f"{self.busy_share:.0%} of the time"
         )
         if self.pace == "cpu-bound":
             return how + ": it is CPU-bound, so what a fix removes from them is throughput gained."
         if self.pace == "partly cpu-bound":
             return (
-                how + ", the rest waiting for requests or for a CPU: it is partly CPU-bound, and a "
+                how + ", the rest waiting for requests: it is partly CPU-bound, and a "
                 "fix gains in proportion."
             )
         return (
-            how + ", the rest waiting for requests or for a CPU: it is not CPU-bound. The client or "
+            how + ", the rest waiting for requests: it is not CPU-bound. The client or "
             "the network sets its pace, and fixing what it does gains little throughput."
         )
 
@@ -118,7 +119,8 @@ def budget(p: Profile) -> Budget:
     for tid in sorted(set(p.threads) | set(samples)):
         th = p.threads.get(tid)
         on = min(1.0, samples.get(tid, 0) / hz / dur)
-        busy = min(1.0, on + waits.get(tid, 0.0) / 1e9 / dur)
+        runnable = th.runnable_ns / 1e9 / dur if th else 0.0
+        busy = min(1.0, on + runnable + waits.get(tid, 0.0) / 1e9 / dur)
         out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
@@ -160,10 +162,12 @@ def _contended_only(name: str) -> bool:
 
 
 class Stacks:
-    """The on-CPU stacks, normalized once, without the samples of kvprof's own probes."""
+    """The on-CPU stacks, normalized once, without the samples of kvprof's own probes;
+    and the sampled registers' stalls by line."""
 
     def __init__(self, p: Profile) -> None:
         self.per_s = 1.0 / (p.hz or HZ) / seconds(p)
+        self.lines = {sl.line: sl.threads for sl in line_table(p)} if p.addresses.samples else {}
         self.stacks = []
         for s in p.oncpu:
             names = _frames(s.frames)
@@ -187,6 +191,21 @@ class Stacks:
         return out
 
 
+def lock_lines(p: Profile, f: Finding) -> set[int]:
+    """The cache lines of the lock words behind a lock or futex finding (none for others)."""
+    if f.id.startswith("futex:"):
+        return {int(f.id.split(":", 1)[1], 16) & ~(LINE - 1)}
+    if f.category == "lock":
+        name = f.id.split(":", 1)[1]
+        return {lk.address & ~(LINE - 1) for lk in p.locks if lk.name == name and lk.address}
+    return set()
+
+
+def _line_of(f: Finding) -> int | None:
+    """The line of a sampled-line finding."""
+    return int(f.id.split(":", 1)[1], 16) if f.id.startswith("sampled-line:") else None
+
+
 def modelled(f: Finding) -> bool:
     """Whether the model has a fix for `f`: a contended lock or futex, or a shared cache
     line. CPU in a function and blocking off the CPU are work, not contention: 0."""
@@ -201,6 +220,11 @@ def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
             out[tid] += row.get("wait_share", 0.0)
         for tid, share in stacks.cpu(f.sites, lock_only=True).items():
             out[tid] += share
+        # taking a lock another core took last stalls on its word's line: the sampled
+        # registers' stalls there (the `sampled-line` finding of that word)
+        for line in lock_lines(p, f):
+            for tid, n in stacks.lines.get(line, {}).items():
+                out[tid] += n * stacks.per_s
     elif f.id.startswith("sampled-line:"):
         hz, dur = p.hz or HZ, seconds(p)
         for tid, row in f.per_thread.items():
@@ -236,8 +260,11 @@ def annotate(p: Profile, findings: list[Finding]) -> list[Finding]:
 def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
     """The gain of fixing `findings` together: their removed times summed per thread."""
     b, stacks = budget(p), Stacks(p)
+    words = {line for f in findings for line in lock_lines(p, f)}
     total: dict[str, float] = defaultdict(float)
     for f in findings:
+        if _line_of(f) in words:
+            continue  # a lock word's stalls: in its lock's finding
         for tid, r in removed(p, f, stacks).items():
             total[tid] += r
     return gain(b, total)
