@@ -74,6 +74,11 @@ class OffCpuCollector(StackCollector):
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._data = DataNames(pid)
+        self._run_delays: dict[int, int] = {}  # each thread's run delay when attached
+
+    def _attach(self, module: Module) -> None:
+        self._run_delays = run_delays(self.pid)
+        super()._attach(module)
 
     def applies(self) -> str | None:
         why = super().applies()
@@ -136,7 +141,13 @@ class OffCpuCollector(StackCollector):
                 for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
             ],
             offcpu_ns=dict(per_thread),
-            runnable_ns=run_delays(self.pid),
+            # since attaching, as every count here: the threads it saw switch (one that
+            # never switched waited for no CPU)
+            runnable_ns={
+                tid: ns - self._run_delays.get(tid, 0)
+                for tid, ns in run_delays(self.pid).items()
+                if tid in tids
+            },
             names={tid: self.names.get(tid) for tid in tids},
             health=percpu_counters(self.table("health"), HEALTH),
         )
@@ -150,9 +161,7 @@ class OffCpuCollector(StackCollector):
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             info.offcpu_ns = snap.offcpu_ns.get(tid, 0)
             info.name = info.name or name
-        for tid, ns in snap.runnable_ns.items():
-            # every thread, seen switching or not: the window's base must hold each one's count
-            profile.threads.setdefault(str(tid), ThreadInfo()).runnable_ns = ns
+            info.runnable_ns = snap.runnable_ns.get(tid, 0)
         health = snap.health
         counters = profile.status.counters
         for name in ("stack_errors", "preempted_ns", "futex_waits"):
