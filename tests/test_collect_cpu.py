@@ -218,8 +218,10 @@ def test_time_runnable_waiting_for_a_cpu_is_counted_per_thread() -> None:
     try:
         with collecting(target.pid) as (collectors, _):
             alone = snapshot(target.pid, collectors)
+            t_alone = time.monotonic()
             time.sleep(1.0)
             mid = snapshot(target.pid, collectors)
+            alone_s = time.monotonic() - t_alone
             rival = subprocess.Popen(spin)
             time.sleep(0.5)
             start = snapshot(target.pid, collectors)
@@ -229,7 +231,7 @@ def test_time_runnable_waiting_for_a_cpu_is_counted_per_thread() -> None:
             shared_s = time.monotonic() - t0
         tid = str(target.pid)
         shared = delta(end, start).threads[tid].runnable_ns / 1e9 / shared_s
-        by_itself = delta(mid, alone).threads[tid].runnable_ns / 1e9
+        by_itself = delta(mid, alone).threads[tid].runnable_ns / 1e9 / alone_s
         # two spinners on one CPU: each waits about half the time; more load only adds
         assert shared >= 0.3, shared
         assert by_itself < shared, (by_itself, shared)

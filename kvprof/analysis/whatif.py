@@ -3,12 +3,13 @@
 For every thread of the target the window is a time budget: busy (on the
 CPU, runnable and waiting for a CPU, or waiting on a contended lock or
 futex: it has work in hand) or not (waiting for requests or for I/O). A fix
-removes part of a thread's busy time, `removed`: the time it waited for a contended lock or
-futex, the CPU it spent in the machinery only a contended lock runs at that
-call site (the futex calls, the wake-up an unlock owes a sleeper), the CPU
-of a function whose shared cache line bounced, or the CPU samples stalled
-on an atomic write to a contended line. A per-thread design still does the
-work itself; only that excess goes.
+removes part of a thread's busy time, `removed`: the time it waited for a
+contended lock or futex, the CPU it spent in the machinery only a contended
+lock runs at that call site (the futex calls, the wake-up an unlock owes a
+sleeper) and stalled on the lock's own word, the CPU of a function whose
+shared cache line bounced, or the CPU samples stalled on an atomic write to
+a contended line. A per-thread design still does the work itself; only that
+excess goes.
 
 A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
@@ -29,6 +30,7 @@ compares with the real fixes.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -167,13 +169,18 @@ class Stacks:
 
     def __init__(self, p: Profile) -> None:
         self.per_s = 1.0 / (p.hz or HZ) / seconds(p)
-        self.lines = {sl.line: sl.threads for sl in line_table(p)} if p.addresses.samples else {}
+        self._profile = p
         self.stacks = []
         for s in p.oncpu:
             names = _frames(s.frames)
             if any(own in n for n in names for own in OWN_PROBES):
                 continue
             self.stacks.append((str(s.tid), set(names), names, s.count))
+
+    @functools.cached_property
+    def lines(self) -> dict[int, dict[str, int]]:
+        """The sampled registers' stalls: line -> tid -> samples (built when a lock asks)."""
+        return {sl.line: sl.threads for sl in line_table(self._profile)}
 
     def cpu(self, sites: list[str], lock_only: bool) -> dict[str, float]:
         """Per thread, the share of the window on the CPU with one of `sites` on the stack
