@@ -150,9 +150,12 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
 ) -> None:
     """Baseline, kvs collectors off: counter lines named by function and symbol, ranked as kvs ranks them."""
     server = kvcached_factory("-t", "2", "--preset", "baseline")
-    with kvload(server, 60, "--batch-size=32") as kv:
+    # the load outlasts both recordings however slowly a loaded machine compiles and
+    # symbolizes (it is stopped below): the kvs window must still see the load
+    with kvload(server, 300, "--batch-size=32") as kv:
         time.sleep(0.5)
         p = _run_kvcached(server, tmp_path / "sampled.json", "oncpu,offcpu,regsample", seconds=12)
+        assert kv.poll() is None, "kvload ended before the second recording"
         kvs = _run_kvcached(
             server, tmp_path / "kvs.json", "cachelines", seconds=4
         )  # the same load, next window
