@@ -1,8 +1,9 @@
 // On-CPU stacks of one process, sampled by per-CPU cpu-clock perf events.
 //
-// Loaded by kvprof/collect/oncpu.py, which attaches oncpu_on_sample to one
-// cpu-clock event per CPU (per-task events cost far more on a server that
-// context-switches per request, see docs/design.md). Flags: those of
+// Loaded by kvprof/collect/oncpu.py. oncpu_sample runs at every sample of the
+// target taken by the module's cpu-clock events, one per CPU (clock.bpf.c;
+// per-task events cost far more on a server that context-switches per
+// request, see docs/design.md). Flags: those of
 // common.h, and the -DUNWIND_* bounds of unwind.h (user stacks unwound from
 // unwind tables).
 
@@ -38,11 +39,10 @@ BPF_STACK_TRACE(oncpu_stacks, STACK_STORAGE);
 BPF_HASH(oncpu_comms, u32, struct oncpu_comm, MAX_ENTRIES);
 BPF_PERCPU_ARRAY(oncpu_health, u64, ONCPU_HEALTH);
 
-int oncpu_on_sample(struct kv_perf_event_data *ctx)
+static __always_inline void oncpu_sample(struct kv_perf_event_data *ctx, u64 id)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!kv_is_target(id) || !unw_tables_ready())
-        return 0;
+    if (!unw_tables_ready())
+        return;
 
     struct oncpu_key key = {};
     key.tid = (u32)id;
@@ -75,5 +75,4 @@ int oncpu_on_sample(struct kv_perf_event_data *ctx)
     bpf_get_current_comm(&comm.name, sizeof(comm.name));
     if (oncpu_comms.update(&key.tid, &comm))
         kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_COMM_FULL)), 1);
-    return 0;
 }

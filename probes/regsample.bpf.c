@@ -1,8 +1,9 @@
 // User registers of one process at each on-CPU sample, for data addresses.
 //
-// Loaded by kvprof/collect/regsample.py, which attaches regsample_on_sample
-// to one cpu-clock event per CPU at the on-CPU sampling rate (as oncpu.bpf.c
-// does). Flags: those of common.h, and
+// Loaded by kvprof/collect/regsample.py. regsample_sample runs at every
+// sample of the target taken by the module's cpu-clock events, one per CPU at
+// the on-CPU sampling rate (clock.bpf.c), the events oncpu.bpf.c samples at
+// too. Flags: those of common.h, and
 //   -DREGSAMPLE_RING=<n>       raw samples kept (a power of two): the newest n
 //   -DREGSAMPLE_THREADS=<n>    threads counted in `regsample_threads`
 //
@@ -49,11 +50,8 @@ BPF_ARRAY(regsample_seq, u64, 1);
 BPF_HASH(regsample_threads, u32, struct regsample_thread, REGSAMPLE_THREADS);
 BPF_PERCPU_ARRAY(regsample_health, u64, REGSAMPLE_HEALTH);
 
-int regsample_on_sample(struct kv_perf_event_data *ctx)
+static __always_inline void regsample_sample(struct kv_perf_event_data *ctx, u64 id)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!kv_is_target(id))
-        return 0;
     kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_SAMPLES)), 1);
     u32 tid = (u32)id;
     int user = (ctx->regs.cs & 3) == 3;
@@ -67,17 +65,17 @@ int regsample_on_sample(struct kv_perf_event_data *ctx)
     else
         __sync_fetch_and_add(&t->kernel, 1);
     if (!user)
-        return 0;
+        return;
 
     int zero_idx = 0;
     u64 *n = regsample_seq.lookup(&zero_idx);
     if (!n)
-        return 0;
+        return;
     u64 mine = __sync_fetch_and_add(n, 1);
     int slot = (int)(mine & (REGSAMPLE_RING - 1));
     struct regsample_slot *s = regsample_ring.lookup(&slot);
     if (!s)
-        return 0;
+        return;
     s->seq = 0;
     s->tid = tid;
     s->cpu = bpf_get_smp_processor_id();
@@ -100,5 +98,4 @@ int regsample_on_sample(struct kv_perf_event_data *ctx)
     s->regs[15] = ctx->regs.r15;
     barrier();  // x86 keeps stores in order; the compiler must too
     s->seq = mine + 1;
-    return 0;
 }

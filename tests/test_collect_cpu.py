@@ -175,7 +175,7 @@ def test_close_detaches_and_target_keeps_serving(kvcached_factory: Callable[...,
         # attached by an fd of its own, and no syscall tracepoint is used.
         assert len(perf) == len(online_cpus()), new
         assert "bpf-raw-tracepoint" in new.values() or "bpf_link" in new.values(), new
-        assert len(loaded) == 2, loaded  # on_sample, sched_switch
+        assert len(loaded) == 2, loaded  # kv_cpu_clock, sched_switch
         run_kvload(server, 1.0)
         profile = snapshot(server.pid, collectors)
         collectors[0].close()

@@ -75,11 +75,17 @@ def compile_kept(text: str, cflags: list[str]) -> Any:
     return bpf
 
 
+# The collectors that sample at the module's cpu-clock events (CpuClock), in the
+# order of their slots in probes/clock.bpf.c's kv_clock_on.
+SAMPLERS = ("oncpu", "regsample")
+
+
 class Module:
     """One BCC module holding the programs of one or more collectors for one PID.
     `shared` holds what the collectors of one module share (the unwinder of the
-    unwind tables in probes/unwind.h). cleanup() detaches what BCC attached
-    itself (tracepoint programs) and frees programs and maps; idempotent."""
+    unwind tables in probes/unwind.h); `clock` the cpu-clock events of its
+    samplers. cleanup() detaches what BCC attached itself (tracepoint programs)
+    and frees programs and maps; idempotent."""
 
     def __init__(self, pid: int, programs: list[Program], opts: CollectOptions, events: bool = False) -> None:
         """`events`: also what the target's processes do (probes/follow.h, which every
@@ -92,15 +98,23 @@ class Module:
             flags += [f for f in p.cflags if f not in flags]
         self.events = events or opts.follow_forks
         texts = ([follow.text()] if self.events else []) + [p.text for p in programs]
+        samplers = [n for n in SAMPLERS if n in self.names]
+        if samplers:  # after the samplers' texts: it calls their functions
+            texts.append(source("clock").read_text())
+            flags += [f"-DKV_CLOCK_SAMPLERS={len(SAMPLERS)}"]
+            flags += [f"-DKV_CLOCK_{n.upper()}={SAMPLERS.index(n)}" for n in samplers]
         try:  # follow.h first: its kv_followed() is what common.h's kv_is_target() calls
             self.bpf: Any = compile_kept("\n".join(texts), flags)
         except CollectError as e:
             raise CollectError(f"cannot compile {' + '.join(self.names)}: {e}") from None
+        self.clock = CpuClock(self.bpf, samplers, opts.hz) if samplers else None
 
     def table(self, name: str) -> Any:
         return self.bpf[name.encode()]
 
     def cleanup(self) -> None:
+        if self.clock is not None:
+            self.clock.close()
         bpf, self.bpf = self.bpf, None
         if bpf is not None:
             bpf.cleanup()
@@ -268,11 +282,91 @@ class KvsCollector(BpfCollector):
             self._kvs.close()
 
 
+class CpuClock:
+    """The cpu-clock events of one module, one per CPU at `hz`, running
+    probes/clock.bpf.c's kv_cpu_clock, which runs the function of each of the
+    module's `samplers` whose collector is on: one timer interrupt per sample
+    for all of them, not one each (docs/record.md, "One clock for the
+    samplers"). The events are open while any sampler is on. The program's
+    cost is counted once, under the samplers' names joined by "+", for the
+    first of them still attached."""
+
+    def __init__(self, bpf: Any, samplers: list[str], hz: int) -> None:
+        self.bpf = bpf
+        self.samplers = samplers
+        self.hz = hz
+        self.label = "+".join(samplers)
+        self._fds: list[int] = []
+        self._on: set[str] = set()
+        self._users: list[str] = []  # attached and not closed, in attach order
+
+    def start(self, name: str) -> None:
+        """`name`'s function runs from now on; the events open if they were not."""
+        if name not in self._users:
+            self._users.append(name)
+        self._set(name, 1)
+        self._on.add(name)
+        if not self._fds:
+            self._fds = attach_cpu_clock(self.bpf, "kv_cpu_clock", self.hz, name)
+
+    def stop(self, name: str) -> None:
+        """`name`'s function no longer runs; the events close when none is left on."""
+        self._on.discard(name)
+        if self.bpf is not None:
+            self._set(name, 0)
+        if not self._on:
+            close_perf_events(self._fds)
+
+    def release(self, name: str) -> None:
+        """`name`'s collector closed: stop() it and hand the program's cost on."""
+        self.stop(name)
+        if name in self._users:
+            self._users.remove(name)
+
+    def programs(self, name: str) -> list[AttachedProgram]:
+        """kv_cpu_clock for the own-cost figure, from the first sampler still attached."""
+        fn = self.bpf.funcs.get(b"kv_cpu_clock") if self.bpf is not None else None
+        if fn is None or not self._users or self._users[0] != name:
+            return []
+        return [AttachedProgram(self.label, "kv_cpu_clock", "perf_event", fn.fd)]
+
+    def close(self) -> None:
+        self._on.clear()
+        close_perf_events(self._fds)
+        self.bpf = None
+
+    def _set(self, name: str, on: int) -> None:
+        self.bpf[b"kv_clock_on"][ctypes.c_int(SAMPLERS.index(name))] = ctypes.c_uint32(on)
+
+
+class Sampler(BpfCollector):
+    """A BPF collector whose probes/<name>.bpf.c function `<name>_sample` runs at
+    the module's cpu-clock events (Module.clock)."""
+
+    def _hook(self, module: Module) -> None:
+        assert module.clock is not None
+        module.clock.start(self.name)
+
+    def _detach(self) -> None:
+        if self.module is not None and self.module.clock is not None:
+            self.module.clock.stop(self.name)
+
+    def close(self) -> None:
+        module = self.module
+        super().close()
+        if module is not None and module.clock is not None:
+            module.clock.release(self.name)
+
+    def attached_programs(self) -> list[AttachedProgram]:
+        if self.module is None or self.module.clock is None:
+            return []
+        return self.module.clock.programs(self.name)
+
+
 def attach_cpu_clock(bpf: Any, fn_name: str, hz: int, who: str) -> list[int]:
     """Attach `fn_name` to a cpu-clock event at `hz` on every online CPU, each
     counting every task (as BCC's `profile` does); returns the events' fds,
-    which the caller closes (close_perf_events): BCC keeps one set of events per
-    event type in a module, and oncpu and regsample both use this one."""
+    which the caller closes (close_perf_events)."""
     prog = bpf.load_func(fn_name.encode(), BPF.PERF_EVENT)
     fds: list[int] = []
     for cpu in get_online_cpus():

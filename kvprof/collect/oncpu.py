@@ -1,8 +1,9 @@
 """On-CPU stacks of one process (probes/oncpu.bpf.c).
 
 One `cpu-clock` software perf event per CPU at `opts.hz`, as BCC's `profile`
-does: per-task events cost far more on a server that switches threads per
-request (docs/design.md). The BPF program keeps only the target's samples and
+does (per-task events cost far more on a server that switches threads per
+request, docs/design.md), shared with regsample (bpf.CpuClock). The BPF
+program keeps only the target's samples and
 counts them by (tid, cpu, user stack, kernel stack) in the kernel; this
 module reads the maps and fills Profile.oncpu and Profile.threads.
 
@@ -15,17 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvprof.collect import CollectOptions
-from kvprof.collect.bpf import (
-    Module,
-    Program,
-    attach_cpu_clock,
-    close_perf_events,
-    cstr,
-    map_items,
-    percpu_counters,
-    warn,
-)
+from kvprof.collect.bpf import Module, Program, Sampler, cstr, map_items, percpu_counters, warn
 from kvprof.collect.stacks import StackCollector
 from kvprof.model.profile import CpuStack, Profile, ThreadInfo
 
@@ -40,13 +31,9 @@ class _Snapshot:
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
 
-class OnCpuCollector(StackCollector):
+class OnCpuCollector(Sampler, StackCollector):
     name = "oncpu"
     empty = _Snapshot
-
-    def __init__(self, pid: int, opts: CollectOptions) -> None:
-        super().__init__(pid, opts)
-        self._fds: list[int] = []
 
     def program(self) -> Program:
         return self.program_of([])
@@ -54,12 +41,6 @@ class OnCpuCollector(StackCollector):
     def _attach(self, module: Module) -> None:
         super()._attach(module)
         self._hook(module)
-
-    def _hook(self, module: Module) -> None:
-        self._fds = attach_cpu_clock(module.bpf, "oncpu_on_sample", self.opts.hz, self.name)
-
-    def _detach(self) -> None:
-        close_perf_events(self._fds)
 
     def _read(self) -> _Snapshot:
         self.names.refresh()

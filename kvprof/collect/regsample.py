@@ -1,8 +1,8 @@
 """Data addresses of contended atomics on any process, from sampled user
 registers (probes/regsample.bpf.c): no PMU, no probes in the target.
 
-One `cpu-clock` perf event per CPU at the on-CPU rate (`opts.hz`), filtered
-to the target in BPF, as `oncpu` does. A sample that interrupted user mode
+Sampled at the cpu-clock events `oncpu` samples at (one per CPU at the
+on-CPU rate, `opts.hz`; bpf.CpuClock), filtered to the target in BPF. A sample that interrupted user mode
 keeps its IP and general registers in a ring of RING slots; this module
 decodes each distinct IP once (kvprof.collect.decode, capstone), and for an
 atomic read-modify-write computes the data address from that sample's
@@ -26,12 +26,10 @@ from typing import TYPE_CHECKING
 
 from kvprof.collect import CollectError, CollectOptions
 from kvprof.collect.bpf import (
-    BpfCollector,
     Module,
     Program,
+    Sampler,
     ThreadNames,
-    attach_cpu_clock,
-    close_perf_events,
     map_items,
     percpu_counters,
     source,
@@ -77,7 +75,7 @@ def _import_decode() -> None:
         pass  # attach() says it
 
 
-class RegsampleCollector(BpfCollector):
+class RegsampleCollector(Sampler):
     name = "regsample"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
@@ -87,7 +85,6 @@ class RegsampleCollector(BpfCollector):
         self._next = 0  # sequence number of the next sample to read
         self._state = _State()
         self._symbols: dict[int, str] = {}
-        self._fds: list[int] = []
 
     def program(self) -> Program:
         missing = [m for m in ("capstone", "elftools") if importlib.util.find_spec(m) is None]
@@ -110,12 +107,6 @@ class RegsampleCollector(BpfCollector):
         self._process = Process(self.pid)
         self._names.refresh()
         self._hook(module)
-
-    def _hook(self, module: Module) -> None:
-        self._fds = attach_cpu_clock(module.bpf, "regsample_on_sample", self.opts.hz, self.name)
-
-    def _detach(self) -> None:
-        close_perf_events(self._fds)
 
     def _new_samples(self) -> list[_Raw]:
         """Ring slots written since the last read, oldest first; counts the overwritten."""

@@ -31,7 +31,11 @@ def flag_probe_effect(profile: Profile, findings: list[Finding]) -> list[Finding
     cost = own_cost(profile)
     if cost is None or profile.overhead.window_s <= 0:
         return findings
-    spent = {r.collector: (r.bpf_ns + r.trap_ns) / 1e9 / profile.overhead.window_s for r in cost.rows}
+    spent = {  # a program that serves several collectors ("oncpu+regsample") counts for each
+        name: (r.bpf_ns + r.trap_ns) / 1e9 / profile.overhead.window_s
+        for r in cost.rows
+        for name in r.collector.split("+")
+    }
     for f in findings:
         reported = f.cost.get("est_s_per_s", 0.0)
         ours = spent.get(measured_by(f), 0.0)

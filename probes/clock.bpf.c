@@ -1,0 +1,40 @@
+// One cpu-clock event per CPU for every sampler of a module.
+//
+// Each timer interrupt of a sampling event is dear on a virtual machine (it
+// is the host that programs and delivers it), far dearer than the programs
+// that run at it (docs/record.md, "One clock for the samplers"), so oncpu and
+// regsample do not open one event each: kvprof/collect/bpf.py (CpuClock)
+// attaches kv_cpu_clock alone, at the on-CPU rate, and it runs the sampler
+// functions of the collectors compiled into the module. Flags:
+//   -DKV_CLOCK_SAMPLERS=<n>         slots in kv_clock_on
+//   -DKV_CLOCK_<NAME>=<slot>        for each sampler in the module: its slot
+// A sampler runs while its slot in kv_clock_on is 1 (its collector attached
+// and not paused).
+
+#ifndef KV_CLOCK_SAMPLERS
+#error "compile with -DKV_CLOCK_SAMPLERS=<n> and a -DKV_CLOCK_<NAME>=<slot> per sampler"
+#endif
+
+BPF_ARRAY(kv_clock_on, u32, KV_CLOCK_SAMPLERS);
+
+static __always_inline int kv_clock_runs(int slot)
+{
+    u32 *on = kv_clock_on.lookup(&slot);
+    return on && *on;
+}
+
+int kv_cpu_clock(struct kv_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!kv_is_target(id))
+        return 0;
+#ifdef KV_CLOCK_ONCPU
+    if (kv_clock_runs(KV_CLOCK_ONCPU))
+        oncpu_sample(ctx, id);
+#endif
+#ifdef KV_CLOCK_REGSAMPLE
+    if (kv_clock_runs(KV_CLOCK_REGSAMPLE))
+        regsample_sample(ctx, id);
+#endif
+    return 0;
+}
