@@ -186,6 +186,56 @@ def test_close_detaches_and_target_keeps_serving(kvcached_factory: Callable[...,
     assert run_kvload(server, 1.0)["hits"] > 0
 
 
+@pytest.mark.bpf
+def test_samplers_share_one_cpu_clock(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
+    """oncpu and regsample in one module sample at one cpu-clock event per CPU, not one
+    each (each timer interrupt is what costs, docs/record.md); both count; one paused
+    leaves the other sampling; with both paused, and once closed, no event is open."""
+    from kvprof.collect.bpf import Module
+    from kvprof.collect.oncpu import OnCpuCollector
+    from kvprof.collect.regsample import RegsampleCollector
+
+    proc = contend()
+    opts = CollectOptions(hz=499)
+    before = our_bpf_fds()
+
+    def events() -> int:
+        return sum(kind == "perf_event" for fd, kind in our_bpf_fds().items() if fd not in before)
+
+    def counts() -> tuple[int, int]:
+        c = snapshot(proc.pid, [oncpu, regs]).status.counters
+        return c["oncpu.samples"], c["regsample.samples"]
+
+    oncpu, regs = OnCpuCollector(proc.pid, opts), RegsampleCollector(proc.pid, opts)
+    module = Module(proc.pid, [oncpu.program(), regs.program()], opts)
+    try:
+        oncpu.attach(module)
+        regs.attach(module)
+        assert events() == len(online_cpus())
+        time.sleep(1.0)
+        first = counts()
+        assert min(first) > 0, first
+        programs = [p for c in (oncpu, regs) for p in c.attached_programs()]
+        assert [(p.collector, p.name) for p in programs] == [("oncpu+regsample", "kv_cpu_clock")]
+        oncpu.pause()
+        paused = counts()
+        time.sleep(1.0)
+        after = counts()
+        assert after[0] == paused[0] and after[1] > paused[1], (paused, after)
+        assert events() == len(online_cpus())
+        regs.pause()
+        assert events() == 0
+        oncpu.resume()
+        assert events() == len(online_cpus())
+        oncpu.close()  # regsample now carries the program's cost
+        assert [p.collector for p in regs.attached_programs()] == ["oncpu+regsample"]
+    finally:
+        oncpu.close()
+        regs.close()
+        module.cleanup()
+    assert events() == 0
+
+
 def test_target_exits_mid_run(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
     """When the target exits while attached, contribute() still returns what
     was counted (names and symbols included) and close() works."""
