@@ -301,13 +301,14 @@ class CpuClock:
         self._users: list[str] = []  # attached and not closed, in attach order
 
     def start(self, name: str) -> None:
-        """`name`'s function runs from now on; the events open if they were not."""
-        if name not in self._users:
-            self._users.append(name)
-        self._set(name, 1)
-        self._on.add(name)
+        """`name`'s function runs from now on; the events open if they were not
+        (a CollectError when they cannot, and nothing changed)."""
         if not self._fds:
             self._fds = attach_cpu_clock(self.bpf, "kv_cpu_clock", self.hz, name)
+        self._set(name, 1)
+        self._on.add(name)
+        if name not in self._users:
+            self._users.append(name)
 
     def stop(self, name: str) -> None:
         """`name`'s function no longer runs; the events close when none is left on."""
