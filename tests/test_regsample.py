@@ -149,7 +149,9 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     kvcached_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     """Baseline, kvs collectors off: counter lines named by function and symbol, ranked as kvs ranks them."""
-    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    # the kvs probes fire for 1 request in 64, not the default 1 in 1024: 4 s of load then
+    # counts enough transfers per line to rank the lines (at the default, too few)
+    server = kvcached_factory("-t", "2", "--preset", "baseline", "--probe-sample", "64")
     # the load outlasts both recordings however slowly a loaded machine compiles and
     # symbolizes (it is stopped below): the kvs window must still see the load
     with kvload(server, 300, "--batch-size=32") as kv:
@@ -162,6 +164,7 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
             if sum(c.transfers for c in kvs.cachelines) >= 200:
                 break
         kv.send_signal(signal.SIGTERM)
+    assert sum(c.transfers for c in kvs.cachelines) >= 200, "too few transfers to rank the lines"
     assert "cachelines" not in p.collectors and "regsample" in p.collectors
     lines = line_table(p)
     by_func = {}  # function -> its most sampled line
