@@ -206,6 +206,11 @@ def test_sigkill_of_record_leaves_no_semaphore_raised(
     assert server.alive() and server.stats()["pid"] == str(server.pid)
 
 
+def contended_waits(server: Server) -> int:
+    """The server's own count of contended lock waits, every lock (`stats locks`)."""
+    return sum(int(v) for k, v in server.stats("locks").items() if k.endswith(":contended"))
+
+
 def perf_event_fds(pid: int) -> int:
     """How many perf events `pid` holds open (uprobes, tracepoints, cpu-clock samplers)."""
     n = 0
@@ -224,11 +229,13 @@ def test_sigusr1_pauses_and_sigusr2_resumes_without_a_compile(
     """SIGUSR1 detaches every probe (the kernel lowers the kvs semaphores, the cpu-clock
     samplers close) and SIGUSR2 attaches them again, within seconds and without
     compiling; the profile says how long it was paused; the target serves throughout."""
-    server = kvcached_factory("-t", "2")
+    # every contended wait fires lock__wait__done: the load contends the locks only in bursts,
+    # so the recording goes on until the server itself counted contended waits since the resume
+    server = kvcached_factory("-t", "2", "--lock-sample", "1")
     out = tmp_path / "paused.json"
     probes = ("lock__wait__done", "atomic__sample", "cmd__done")
     with (
-        kvload(server, 20, "--verify", "--min-size=64") as kv,
+        kvload(server, 25, "--verify", "--min-size=64", "--batch-size=32") as kv,
         reaped(start_record(server.pid, out, "-d", "60")) as rec,
     ):
         wait_collecting(rec)
@@ -241,7 +248,9 @@ def test_sigusr1_pauses_and_sigusr2_resumes_without_a_compile(
         rec.send_signal(signal.SIGUSR2)
         assert wait_until(lambda: all(semaphores(server)[p] > 0 for p in probes), 10), semaphores(server)
         assert wait_until(lambda: perf_event_fds(rec.pid) == attached, 10)
-        time.sleep(1.0)
+        resumed = contended_waits(server)
+        assert wait_until(lambda: contended_waits(server) >= resumed + 5, 15), "the load contended no lock"
+        time.sleep(0.2)  # the last of them fires its probe at its unlock
         rec.send_signal(signal.SIGINT)
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 0, err
