@@ -8,7 +8,7 @@
  * (a clock read, a sampling decision) sits behind that branch.
  *
  * Per-request probes (cmd__*, atomic__sample) fire for one request in N
- * (`kvcached --probe-sample N`, default 1024), counted per worker thread and,
+ * (`kvcached --probe-sample N`, default 4096), counted per worker thread and,
  * for atomic__sample, per site. Lock probes fire only on the contended path
  * (the trylock failed), so an uncontended lock costs nothing extra;
  * lock__wait__done fires for every contended wait of 16384 ns or more and

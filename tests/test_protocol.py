@@ -609,7 +609,7 @@ def test_stats_general_kvcached_names(kvcached_factory: Callable[..., Server], w
         w.call(b"set k%d 0 0 10\r\n0123456789\r\n" % i)
     stats = server.stats()
     assert int(stats["max_connections"]) == 100
-    assert int(stats["probe_sample"]) == 1024
+    assert int(stats["probe_sample"]) == 4096
     assert int(stats["item_objects"]) == int(stats["curr_items"]) == 20
     assert int(stats["mem_accounted"]) == int(stats["bytes"]) > 20 * 10
 

@@ -149,7 +149,7 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     kvcached_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     """Baseline, kvs collectors off: counter lines named by function and symbol, ranked as kvs ranks them."""
-    # the kvs probes fire for 1 request in 64, not the default 1 in 1024: 4 s of load then
+    # the kvs probes fire for 1 request in 64, not the default 1 in 4096: 4 s of load then
     # counts enough transfers per line to rank the lines (at the default, too few)
     server = kvcached_factory("-t", "2", "--preset", "baseline", "--probe-sample", "64")
     # the load outlasts both recordings however slowly a loaded machine compiles and

@@ -96,7 +96,7 @@ def collector_class(module_name: str) -> type:
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
-PROBE_SAMPLE = 1024  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
+PROBE_SAMPLE = 4096  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
