@@ -6,8 +6,9 @@ on-CPU rate, `opts.hz`; bpf.CpuClock), filtered to the target in BPF. A
 sample that interrupted user mode keeps its IP and general registers in a
 ring of RING slots; this module decodes each distinct IP once
 (kvprof.collect.decode, capstone), and for an atomic read-modify-write
-computes the data address from that sample's registers. It fills Profile.addresses; kvprof.analysis.lines folds them into
-64-byte cache lines.
+computes the data address from that sample's registers. It fills
+Profile.addresses; kvprof.analysis.lines folds them into 64-byte cache
+lines.
 
 Bound: the ring keeps the newest RING samples of the target (32768: 165 s
 of both CPUs at 99 Hz). `record` reads it once, at the end of its window;
