@@ -120,33 +120,37 @@ static __always_inline void offcpu_count(int what, u64 n)
     kv_add_percpu(offcpu_health.lookup(&what), n);
 }
 
-// The current task's user stack from its user registers, as a key in
-// `ustacks`; 0 when there is none.
-static __always_inline u64 offcpu_user_stack(struct pt_regs *user)
+// The current task's user stack, from the user registers saved at its entry
+// to the kernel, as a key in `ustacks`; 0 when there is none.
+static __always_inline u64 offcpu_user_stack(void)
 {
     struct unw_regs regs = {};
-    regs.ip = user->ip;
-    regs.sp = user->sp;
-    regs.bp = user->bp;
+    if (unw_user_regs(0, &regs) || !regs.ip)
+        return 0;
     u64 key = unw_stack(&regs);
     if (!key)
         offcpu_count(OFFCPU_STACK_ERR, 1);
     return key;
 }
 
-// The futex word a thread about to sleep waits on (its user registers say it
-// is in a FUTEX_WAIT-family call), else 0.
+// The futex word a thread about to sleep waits on (its user registers, saved at
+// its syscall entry, say it is in a FUTEX_WAIT-family call), else 0. Only the
+// words needed are read, the syscall number first: most switch-outs are not
+// futex waits, and every switch-out of the target comes here.
 static __always_inline u64 offcpu_futex_word(struct pt_regs *user)
 {
-    if (user->orig_ax != SYS_FUTEX)
+    u64 nr = 0, op = 0, word = 0;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &user->orig_ax) || nr != SYS_FUTEX)
         return 0;
-    int cmd = user->si & FUTEX_CMD_MASK;
+    if (bpf_probe_read_kernel(&op, sizeof(op), &user->si) ||
+        bpf_probe_read_kernel(&word, sizeof(word), &user->di))
+        return 0;
+    int cmd = op & FUTEX_CMD_MASK;
     if (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET && cmd != FUTEX_LOCK_PI &&
         cmd != FUTEX_LOCK_PI2 && cmd != FUTEX_WAIT_REQUEUE_PI)
         return 0;
-    return user->di;
+    return word;
 }
-
 
 static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
 {
@@ -235,12 +239,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     if (t->ts && on_since > t->ts)  // on_since is 0 before this CPU's first switch since attach
         offcpu_account(tid, t, on_since);
 
-    struct pt_regs user = {};
-    if (bpf_probe_read_kernel(&user, sizeof(user), (void *)bpf_task_pt_regs(bpf_get_current_task_btf())))
-        __builtin_memset(&user, 0, sizeof(user));
     t->ts = now;
     t->preempted = ctx->args[0] != 0;
-    t->futex = t->preempted ? 0 : offcpu_futex_word(&user);
+    t->futex = t->preempted ? 0 : offcpu_futex_word((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()));
     int drawn = OFFCPU_STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % OFFCPU_STACK_SAMPLE == 0;
     t->sampled = drawn ? OFFCPU_SAMPLED_RANDOM : 0;
     if (!t->sampled && t->futex && t->futex != t->last_futex) {
@@ -253,7 +254,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     if (t->futex)
         t->last_futex = t->futex;
     if (t->sampled) {
-        t->user_stack = user.ip ? offcpu_user_stack(&user) : 0;
+        t->user_stack = offcpu_user_stack();
         t->kernel_stack = offcpu_stack_id(ctx, 0);
     }
     return 0;
