@@ -1,7 +1,7 @@
 """How much CPU `kvprof top` itself uses while it watches a busy kvcached.
 
 Starts kvcached (baseline preset, 2 workers) under kvprof's demo load, runs
-`kvprof top -p PID` in a pseudo-terminal (132x40, the default 1 s interval)
+`kvprof top -p PID` in a pseudo-terminal (132x40, at top's default interval)
 as a user would, waits until every collector is attached, then reads the TUI
 process's utime+stime from /proc over --seconds (default 30) and prints it as
 a share of one core, with the attach phase (compiling five BPF programs)
@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
+from kvprof.tui.run import INTERVAL_S  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ATTACHED = "collectors ✓".encode()
@@ -170,7 +171,9 @@ def watch_threads(a: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=30.0, help="measuring window (default: 30)")
-    ap.add_argument("--interval", type=float, default=1.0, help="kvprof top --interval (default: 1)")
+    ap.add_argument(
+        "--interval", type=float, default=INTERVAL_S, help=f"kvprof top --interval (default: {INTERVAL_S:g})"
+    )
     ap.add_argument("--view", default="1", choices=list("1234567"), help="the view shown (default: 1)")
     ap.add_argument("--threads", type=int, default=0, help="watch a target of N threads, not kvcached")
     a = ap.parse_args()

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvprof.commands import add_collectors, add_hz, add_inline, add_pid, add_seconds, command, number, options
+from kvprof.tui.run import INTERVAL_S
 
 HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests, flame graph"
 
@@ -41,7 +42,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     what.add_argument("--replay", type=Path, metavar="FILE", help="show a profile written by record or `s`")
     add_hz(p)
     add_seconds(
-        p, "-i", "--interval", type=number(float, lo=0.2), default=1.0, help="seconds between refreshes"
+        p,
+        "-i",
+        "--interval",
+        type=number(float, lo=0.2),
+        default=INTERVAL_S,
+        help="seconds between refreshes; each reads every map and redraws: CPU a busy target loses",
     )
     add_collectors(p)
     add_inline(p)

@@ -32,6 +32,7 @@ from kvprof.model.profile import Profile
 from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
 from kvprof.tui.flame import FlamePanel
+from kvprof.tui.run import INTERVAL_S
 from kvprof.tui.sources import Source
 from kvprof.tui.widgets import (
     Line,
@@ -211,7 +212,7 @@ class TopApp(App[None]):
     def __init__(
         self,
         source: Source,
-        interval: float = 1.0,
+        interval: float = INTERVAL_S,
         out_dir: Path | str = ".",
         clock: Callable[[], float] = time.time,
         handle_signals: bool = False,

@@ -27,13 +27,18 @@ LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching i
 DOCTOR_HINT = "`kvprof doctor` checks the kernel, BPF, headers and tracefs and says what to fix"
 
 
+# Seconds between refreshes: each one reads every map and redraws the screen, CPU
+# taken from a busy target (docs/top.md, "Overhead"); -i 1 for a livelier view.
+INTERVAL_S = 2.0
+
+
 @dataclass
 class TopOptions:
     pid: int | None = None
     demo: bool = False
     replay: Path | None = None
     hz: int = HZ
-    interval: float = 1.0
+    interval: float = INTERVAL_S
     collectors: tuple[str, ...] = ()
     inline: bool = INLINE_FRAMES
     output_dir: Path = Path(".")
