@@ -409,3 +409,6 @@ def test_profile_says_what_kvprof_cost(kvcached_factory: Callable[..., Server], 
     assert any(r.collector == "offcpu" and r.fired_by == "tracepoint" for r in cost.rows)
     text = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, check=True).stdout
     assert "KVPROF'S OWN COST" in text
+    # one row per collector, its name a column of its own ("oncpu+regsample" is the longest)
+    for r in cost.rows:
+        assert any(line.split()[:2] == [r.collector, r.fired_by] for line in text.splitlines()), text

@@ -534,14 +534,15 @@ def _own_cost_lines(profile: Profile) -> list[str]:
         f"time, the kvprof process {cost.process_share:.1%} of the machine's (docs/record.md, Overhead)",
         "",
     )
+    width = max([12] + [len(r.collector) + 2 for r in cost.rows])  # "oncpu+regsample" is longer
     out.append(
-        f"{'collector':<12}{'fired by':<12}{'events/s':>10}{'ns/event':>10}{'BPF ms/s':>10}"
+        f"{'collector':<{width}}{'fired by':<12}{'events/s':>10}{'ns/event':>10}{'BPF ms/s':>10}"
         f"{'traps ms/s':>11}{'share':>8}"
     )
     seconds = max(profile.overhead.window_s, 1e-9)
     for r in cost.rows:
         out.append(
-            f"{r.collector:<12}{r.fired_by:<12}{r.events_per_s:>10,.0f}{r.ns_per_event:>10,.0f}"
+            f"{r.collector:<{width}}{r.fired_by:<12}{r.events_per_s:>10,.0f}{r.ns_per_event:>10,.0f}"
             f"{r.bpf_ns / seconds / 1e6:>10.2f}{r.trap_ns / seconds / 1e6:>11.2f}{r.share * 100:>7.2f}%"
         )
     return out
