@@ -708,8 +708,12 @@ def perf_event_fds(pid: int) -> list[int]:
 class Toggle:
     """An attached tool's cost turned off and on again, with nothing compiled in between:
 
-    - record and top: SIGUSR1 detaches their programs from their events (kvprof's
+    - record: SIGUSR1 detaches its programs from their events (kvprof's
       pause_on_signals), then SIGSTOP stops the process; on: SIGCONT, SIGUSR2;
+    - top: SIGUSR1 detaches its programs and freezes its screen (no map reads, no
+      drawing; its timer keeps the refresh pace), SIGUSR2 resumes both. It is not
+      stopped: a TUI stopped and continued refreshes at once on every SIGCONT, 2-2.5
+      times its CPU per second running at 0.5 s windows (docs/top.md, "Overhead");
     - BCC's profile: its cpu-clock events disabled (PERF_EVENT_IOC_DISABLE on its
       fds, taken with pidfd_getfd), and the process stopped;
     - perf record: `disable` and `enable` on its --control FIFO;
@@ -763,8 +767,9 @@ class Toggle:
 
     def _process_switch(self, on: bool) -> None:
         assert self.pid is not None
-        if self.what != "programs":
-            os.kill(self.pid, signal.SIGCONT if on else signal.SIGSTOP)
+        if self.what == "programs" or (self.tool == "top" and self.what == "both"):
+            return  # top: SIGUSR1 froze its screen with its programs
+        os.kill(self.pid, signal.SIGCONT if on else signal.SIGSTOP)
 
     def _attachments(self) -> int:
         """How many attachments the tool holds: perf events (uprobes, cpu-clock, tracepoints)
@@ -891,8 +896,8 @@ def main() -> int:
         "--toggle",
         default="both",
         choices=("both", "programs", "process"),
-        help="toggle: what of record and top is turned off: both (default), their BPF programs only, "
-        "or their process only (SIGSTOP)",
+        help="toggle: what of record and top is turned off: both (default; top's process is not stopped, "
+        "its screen freezes with its programs), their BPF programs only, or their process only (SIGSTOP)",
     )
     ap.add_argument(
         "--settle",

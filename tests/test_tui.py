@@ -229,6 +229,9 @@ class EndingSource:
     def wait_change(self, timeout: float) -> None:
         pass
 
+    def held(self) -> bool:
+        return False
+
 
 def test_target_exit_shows_a_banner_and_keeps_the_data(tmp_path: Path) -> None:
     """When the target exits a banner says so and the findings stay on screen."""

@@ -12,7 +12,17 @@ import time
 from collections.abc import Callable
 
 import pytest
-from support import KVPROF, assert_detached, kvload, reaped, thread_nices, top_app, wait_until
+from support import (
+    KVPROF,
+    assert_detached,
+    kvload,
+    reaped,
+    semaphores,
+    thread_nices,
+    top_app,
+    until,
+    wait_until,
+)
 from textual.widgets import Static
 
 from kvprof.collect import WATCH_NICE
@@ -57,6 +67,44 @@ def test_top_names_the_topkeys_lock_within_10_s(kvcached_factory: Callable[..., 
     assert app.return_code in (0, None)
     assert_detached(server)
     assert server.stats()["curr_items"]  # still serving
+
+
+@pytest.mark.bpf
+def test_a_session_paused_from_outside_freezes_the_screen(kvcached_factory: Callable[..., Server]) -> None:
+    """What SIGUSR1 does to `top` (Session.pause, through pause_on_signals): the probes go
+    (the kernel lowers the kvs semaphores), the screen says PAUSED and no map is read until
+    the session resumes (SIGUSR2); then the refreshes come back at their pace. A benchmark
+    toggling top's cost this way keeps its refresh pace: a stopped and continued TUI would
+    refresh at once on every SIGCONT (docs/top.md, "Overhead")."""
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    with kvload(server, 60):
+        source = LiveSource(server.pid)
+        app = top_app(source, interval=0.3)
+
+        async def go() -> None:
+            async with app.run_test(size=(132, 40)) as pilot:
+                assert await until(pilot, lambda: not source.attaching() and app.frames > 0, 90), (
+                    source.states
+                )
+                assert any(semaphores(server).values())
+                source.session.pause()
+                assert await until(pilot, lambda: not any(semaphores(server).values())), semaphores(server)
+                assert await until(
+                    pilot, lambda: "PAUSED (SIGUSR1" in str(app.query_one("#status", Static).render())
+                )
+                await pilot.pause(0.5)  # a poll in flight lands
+                polls = app.polls
+                await pilot.pause(1.5)  # five intervals
+                assert app.polls == polls
+                source.session.resume()
+                assert await until(pilot, lambda: app.polls >= polls + 2)
+                assert "PAUSED" not in str(app.query_one("#status", Static).render())
+                assert any(semaphores(server).values())
+                await pilot.press("q")
+
+        asyncio.run(go())
+        app.wait_closed()
+    assert_detached(server)
 
 
 @pytest.mark.bpf

@@ -352,6 +352,11 @@ class Session:
             self._paused_s += time.monotonic() - self._paused_at
             self._paused_at = 0.0
 
+    def is_paused(self) -> bool:
+        """Between pause() and resume()."""
+        with self._lock:
+            return bool(self._paused_at)
+
     def paused_s(self) -> float:
         """Seconds of the window spent paused so far."""
         with self._lock:

@@ -336,7 +336,8 @@ class TopApp(App[None]):
         self.call_from_thread(self._tick)
 
     def _tick(self) -> None:
-        if self.paused:
+        # paused here (p) or from outside (SIGUSR1): no map reads, no drawing, the same pace
+        if self.paused or self.source.held():
             self.draw_status()
             self._timer = self.set_timer(self.interval, self._tick)
             return
@@ -363,8 +364,9 @@ class TopApp(App[None]):
         banner.set_text(ended)
         banner.set_class(bool(ended), "shown")
         t = Text()
-        if self.paused:
-            t.append(" PAUSED ", "bold black on yellow")
+        if self.paused or self.source.held():
+            why = "" if self.paused else "(SIGUSR1, SIGUSR2 resumes) "
+            t.append(f" PAUSED {why}", "bold black on yellow")
             t.append(" ")
         t.append(self.source.label, "bold")
         if frame is not None:

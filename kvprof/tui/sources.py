@@ -53,6 +53,11 @@ class Source(Protocol):
 
     def wait_change(self, timeout: float) -> None: ...
 
+    def held(self) -> bool:
+        """Paused from outside (SIGUSR1: kvprof.system.attach.pause_on_signals): nothing
+        is counted, and the screen is not refreshed until it resumes (SIGUSR2)."""
+        ...
+
 
 def _title(target: Target) -> str:
     """`kvcached PID 1234`, `PID 1234 (1 in its namespace)` for a target in a container."""
@@ -96,6 +101,9 @@ class ReplaySource:
 
     def wait_change(self, timeout: float) -> None:
         pass
+
+    def held(self) -> bool:
+        return False
 
 
 class LiveSource:
@@ -204,6 +212,9 @@ class LiveSource:
 
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    def held(self) -> bool:
+        return self.session.is_paused()
 
     def attaching(self) -> bool:
         """True until every collector attached or failed and a poll has seen that."""
