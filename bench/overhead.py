@@ -681,6 +681,7 @@ def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
 
 PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
 SYS_PIDFD_GETFD = 438  # the same number on x86_64 and on the generic table (arm64)
+PAUSE_STABLE_S = 1.0  # a first pause is whole once its attachment count held this long
 ATTACHMENTS = ("anon_inode:[perf_event]", "anon_inode:bpf_link", "anon_inode:bpf-raw-tracepoint")
 SETTLE_S = 1.0  # default --settle: after a toggle, before the window (the tool's catch-up, the last hits)
 
@@ -727,6 +728,7 @@ class Toggle:
         self.pid = attached.proc.pid if attached.proc is not None else None
         self.fds = perf_event_fds(self.pid) if self.tool == "bcc-profile" and self.pid else []
         self.attached_count = self._attachments() if self.pid else 0
+        self.paused_count: int | None = None  # what a whole pause leaves: learnt at the first
         self.on_since: float | None = time.monotonic()
         self.on_s = 0.0  # seconds on, since attached
 
@@ -782,13 +784,27 @@ class Toggle:
                 pass
         return n
 
-    def _wait_programs(self, running: bool, timeout: float = 5.0) -> None:
-        """Until the tool holds all its attachments again, or fewer (pause applied): a count,
-        not the programs' runs, which a quiet target may not fire for a while."""
+    def _wait_programs(self, running: bool, timeout: float = 10.0) -> None:
+        """Until the tool holds all its attachments again, or, paused, as few as a whole
+        pause leaves: a count, not the programs' runs, which a quiet target may not fire
+        for a while. The first pause learns that count (the count stops falling). A
+        pause detaches one collector after another, each uprobe waiting for an RCU grace
+        period: a window begun after the first one went would still have the rest
+        attached, and the tool stopped then would keep them (until run 15 it did)."""
         deadline = time.monotonic() + timeout
+        last, since = -1, time.monotonic()
         while time.monotonic() < deadline:
-            if (self._attachments() == self.attached_count) == running:
+            n = self._attachments()
+            if running and n == self.attached_count:
                 return
+            if not running and self.paused_count is not None and n == self.paused_count:
+                return
+            if not running and self.paused_count is None:
+                if n != last:
+                    last, since = n, time.monotonic()
+                elif n < self.attached_count and time.monotonic() - since >= PAUSE_STABLE_S:
+                    self.paused_count = n
+                    return
             time.sleep(0.02)
         verb = "resume" if running else "pause"
         raise SystemExit(f"overhead: {self.tool} did not {verb} within {timeout:g} s")
