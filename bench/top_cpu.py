@@ -41,9 +41,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kvprof.collect import TOP_INTERVAL_S  # noqa: E402
 from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
-from kvprof.tui.run import INTERVAL_S  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ATTACHED = "collectors ✓".encode()
@@ -172,7 +172,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=30.0, help="measuring window (default: 30)")
     ap.add_argument(
-        "--interval", type=float, default=INTERVAL_S, help=f"kvprof top --interval (default: {INTERVAL_S:g})"
+        "--interval",
+        type=float,
+        default=TOP_INTERVAL_S,
+        help=f"kvprof top --interval (default: {TOP_INTERVAL_S:g})",
     )
     ap.add_argument("--view", default="1", choices=list("1234567"), help="the view shown (default: 1)")
     ap.add_argument("--threads", type=int, default=0, help="watch a target of N threads, not kvcached")

@@ -101,6 +101,9 @@ INLINE_FRAMES = True  # expand each address to the functions inlined there (docs
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
 WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach.yield_cpu)
+# `kvprof top`'s seconds between refreshes: each reads every map and redraws the screen,
+# CPU taken from a busy target (docs/top.md, "Overhead"); -i 1 for a livelier view.
+TOP_INTERVAL_S = 2.0
 # What the kernel adds to one uprobe hit beyond the BPF program (the trap and
 # its return), for kvprof's own-cost figure: bench/probe_cost.py measures it
 # on a machine, docs/record.md has the figures.

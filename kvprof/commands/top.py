@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvprof.collect import TOP_INTERVAL_S
 from kvprof.commands import add_collectors, add_hz, add_inline, add_pid, add_seconds, command, number, options
-from kvprof.tui.run import INTERVAL_S
 
 HELP = "live terminal UI: findings, stacks, locks, cache lines, threads, requests, flame graph"
 
@@ -46,7 +46,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "-i",
         "--interval",
         type=number(float, lo=0.2),
-        default=INTERVAL_S,
+        default=TOP_INTERVAL_S,
         help="seconds between refreshes; each reads every map and redraws: CPU a busy target loses",
     )
     add_collectors(p)

@@ -28,11 +28,11 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from kvprof.analysis.own_cost import own_cost_line
+from kvprof.collect import TOP_INTERVAL_S
 from kvprof.model.profile import Profile
 from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
 from kvprof.tui.flame import FlamePanel
-from kvprof.tui.run import INTERVAL_S
 from kvprof.tui.sources import Source
 from kvprof.tui.widgets import (
     Line,
@@ -212,7 +212,7 @@ class TopApp(App[None]):
     def __init__(
         self,
         source: Source,
-        interval: float = INTERVAL_S,
+        interval: float = TOP_INTERVAL_S,
         out_dir: Path | str = ".",
         clock: Callable[[], float] = time.time,
         handle_signals: bool = False,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvprof.collect import HZ, INLINE_FRAMES
+from kvprof.collect import HZ, INLINE_FRAMES, TOP_INTERVAL_S
 from kvprof.model.profile import Profile, ProfileError
 
 if TYPE_CHECKING:
@@ -27,18 +27,13 @@ LOAD_WAIT_S = 20.0  # --demo: start the load after this long even if attaching i
 DOCTOR_HINT = "`kvprof doctor` checks the kernel, BPF, headers and tracefs and says what to fix"
 
 
-# Seconds between refreshes: each one reads every map and redraws the screen, CPU
-# taken from a busy target (docs/top.md, "Overhead"); -i 1 for a livelier view.
-INTERVAL_S = 2.0
-
-
 @dataclass
 class TopOptions:
     pid: int | None = None
     demo: bool = False
     replay: Path | None = None
     hz: int = HZ
-    interval: float = INTERVAL_S
+    interval: float = TOP_INTERVAL_S
     collectors: tuple[str, ...] = ()
     inline: bool = INLINE_FRAMES
     output_dir: Path = Path(".")
