@@ -353,9 +353,9 @@ class Session:
             self._paused_at = 0.0
 
     def is_paused(self) -> bool:
-        """Between pause() and resume()."""
-        with self._lock:
-            return bool(self._paused_at)
+        """Between pause() and resume(). Without the lock: top's UI thread asks at every
+        tick, and pause() holds the lock while it detaches (most of a second)."""
+        return bool(self._paused_at)
 
     def paused_s(self) -> float:
         """Seconds of the window spent paused so far."""
