@@ -5,7 +5,9 @@ and on a real kvcached the sign and order of its predictions (BPF).
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from kvprof.analysis import find
 from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, predict
 from kvprof.bench import BenchError
 from kvprof.bench import whatif as bench_whatif
+from kvprof.bench.runner import Bench
 from kvprof.bench.variants import SITES
 from kvprof.model.profile import (
     AddressSample,
@@ -272,6 +275,38 @@ def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., 
             BenchError, match="kvcached refused `site nope shared`: CLIENT_ERROR unknown site"
         ):
             bench_whatif.toggled_fix(server, "nope", 1)
+
+
+@pytest.mark.bpf
+def test_predictions_and_toggled_gains_come_from_the_same_minutes(
+    kvcached_factory: Callable[..., Server],
+) -> None:
+    """Interleaved blocks on a real kvcached under kvload: a profile of baseline with real
+    BPF, then every fix toggled, twice; the prediction judged is the blocks' mean, each
+    fix's gain is over every block's pairs, and the sites are shared again afterwards."""
+    plan = bench_whatif.plan()
+    base = plan.groups[0].variants[0]
+    server = kvcached_factory("-t", "2", "--preset", "baseline")
+    said: list[float] = []
+
+    def model(p: Profile, fixes: dict[str, tuple[str, ...]]) -> bench_whatif.Predicted:
+        out = predict(p, find(p), fixes)
+        said.append(out.gains["topkeys"])
+        return out
+
+    progress = io.StringIO()
+    bench = Bench(plan, progress)
+    bench.servers[base.server] = server
+    try:
+        mean, toggled, last = bench_whatif.interleaved(bench, base, 2, 2, 1.0, model)
+    finally:
+        shutil.rmtree(bench.workdir, ignore_errors=True)
+    assert len(said) == 2 and mean.gains["topkeys"] == pytest.approx(sum(said) / 2)
+    assert set(mean.gains) == set(toggled) == set(bench_whatif.fixes())
+    assert all(len(t.ratios) == 4 and all(r > 0 for r in t.ratios) for t in toggled.values())
+    assert "block 1/2" in progress.getvalue() and "block 2/2" in progress.getvalue()
+    assert last.target.pid == server.pid and last.oncpu
+    assert server.stats("settings")["preset"] == "baseline"
 
 
 # ---- the ground truth: kvcached's fixes (BPF) ------------------------------------------

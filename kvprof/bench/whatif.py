@@ -12,10 +12,17 @@ predict a gain worth having.
 
 Rounds on separate servers seconds apart scatter by more than these gains
 (the host moves the VM's CPUs between them), so each fix is also measured on
-one server, toggled (`toggle`): the baseline server under the same load, its
-site switched to per-thread and back with kvcached's `site` command, many
+one server, toggled (`toggled_fix`): the baseline server under the same load,
+its site switched to per-thread and back with kvcached's `site` command, many
 short windows alternated A B / B A, the gain the median of the pairs'
 ratios with its standard error. A prediction is judged against that one.
+
+A gain measured on this VM moves from minute to minute with what the host
+does with its CPUs (docs/bench-results.md), and a profile taken minutes
+before the measurement can see another machine. So the toggled measurement
+runs in blocks (`interleaved`): a profile of baseline, then every fix
+toggled for its share of the pairs, again and again under one load; the
+prediction judged is the mean of the blocks' predictions.
 
 A finding belongs to the fix of the catalog entry it matched (its hotspot id,
 which is kvcached's site flag); the model itself knows nothing of kvcached.
@@ -50,7 +57,9 @@ ALL = "fixed"  # the preset with every site fixed, and its row
 TOLERANCE = 0.30  # a prediction is close when within this share of the measured gain...
 TOLERANCE_POINTS = 0.03  # ...or within these points of it, whichever is wider
 FIXED_MAX = 0.02  # on the fixed preset no finding should predict more
-TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server
+TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server, over all blocks
+TOGGLE_BLOCKS = 10  # profiles of baseline, each followed by every fix toggled for its share of pairs
+ATTACH_S = 5.0  # a profile's compile and attach, for the load's length
 TOGGLE_WINDOW_S = 0.2  # the site's switch takes effect at each worker's next update
 TOGGLE_SETTLE_S = 0.05  # after a switch, before its window
 MEDIAN_SE = math.sqrt(math.pi / 2)  # a median's standard error over a mean's, normal spread
@@ -94,17 +103,11 @@ def fix_of(v: Variant) -> str:
     return v.server.flipped[0] if v.server.flipped else ALL
 
 
-def record(bench: Bench, v: Variant, seconds: float) -> Profile:
-    """A profile of `v`'s server under its load: kvload runs, the collectors attach, read, detach."""
+def _profile(server: Server, seconds: float) -> Profile:
+    """A profile of `server` under the load that runs: the collectors attach, read, detach."""
     from kvprof.collect import CollectError, CollectOptions
     from kvprof.system.attach import open_session
 
-    server = bench.servers[v.server]
-    assert bench.kvload is not None
-    argv = kvload_argv(bench.kvload, server.address, v.client, SETTLE_S + seconds + 2.0)
-    load = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
-    )
     try:
         session = open_session(server.pid, (), CollectOptions())
         try:
@@ -115,7 +118,24 @@ def record(bench: Bench, v: Variant, seconds: float) -> Profile:
         finally:
             session.close()
     except CollectError as e:
-        raise BenchError(f"cannot record {v.name}: {e}") from None
+        raise BenchError(f"cannot record {server.address}: {e}") from None
+
+
+def _load(bench: Bench, v: Variant, seconds: float) -> subprocess.Popen[bytes]:
+    """kvload on `v`'s server with `v`'s client settings, for `seconds` and the settling."""
+    assert bench.kvload is not None
+    argv = kvload_argv(bench.kvload, bench.servers[v.server].address, v.client, SETTLE_S + seconds + 2.0)
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
+
+
+def record(bench: Bench, v: Variant, seconds: float) -> Profile:
+    """A profile of `v`'s server under its load, which runs for the recording only."""
+    load = _load(bench, v, seconds)
+    try:
+        time.sleep(SETTLE_S)
+        return _profile(bench.servers[v.server], seconds)
     finally:
         load.terminate()
         load.wait(10)
@@ -185,53 +205,110 @@ def toggled_fix(
     return Toggled(fix, tuple(ratios))
 
 
-def toggle(bench: Bench, v: Variant, pairs: int) -> dict[str, Toggled]:
-    """Every fix measured on `v`'s (baseline) server, toggled, under `v`'s load."""
+@dataclass
+class Mean:
+    """What the model said of several profiles of one server (Predicted): each gain the
+    mean of the profiles' gains."""
+
+    gains: dict[str, float]
+    largest: float
+    largest_id: str
+    busy_share: float
+    pace: str
+
+    @classmethod
+    def of(cls, said: Sequence[Predicted]) -> Mean:
+        top = max(said, key=lambda p: p.largest)
+        return cls(
+            gains={fix: statistics.fmean(p.gains.get(fix, 0.0) for p in said) for fix in said[0].gains},
+            largest=statistics.fmean(p.largest for p in said),
+            largest_id=top.largest_id,
+            busy_share=statistics.fmean(p.busy_share for p in said),
+            pace=statistics.mode(p.pace for p in said),
+        )
+
+
+def interleaved(
+    bench: Bench, v: Variant, blocks: int, pairs: int, seconds: float, predict: Predict
+) -> tuple[Mean, dict[str, Toggled], Profile]:
+    """`v`'s (baseline) server under one load: `blocks` times, a profile of `seconds`, then
+    every fix toggled for `pairs` pairs. The predictions and the gains they are judged
+    against come from the same minutes, whatever the host did with the CPUs meanwhile.
+    Returns the mean prediction, each fix's pairs together, and the last profile."""
     server = bench.servers[v.server]
-    assert bench.kvload is not None
     names = list(fixes())
-    seconds = len(names) * pairs * 2 * (TOGGLE_WINDOW_S + TOGGLE_SETTLE_S + 0.01)  # + the stats reads
-    argv = kvload_argv(bench.kvload, server.address, v.client, SETTLE_S + seconds * 1.5 + 5.0)
-    load = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
-    )
-    out = {}
+    per_block = seconds + ATTACH_S + len(names) * pairs * 2 * (TOGGLE_WINDOW_S + TOGGLE_SETTLE_S + 0.01)
+    load = _load(bench, v, blocks * per_block * 1.5)
+    said: list[Predicted] = []
+    ratios: dict[str, list[float]] = {fix: [] for fix in names}
+    profile = None
     try:
         time.sleep(SETTLE_S)
-        for fix in names:
-            bench.say(f"[toggle] {v.name}: {fix} switched, {pairs} pairs of {TOGGLE_WINDOW_S:g} s windows")
-            out[fix] = toggled_fix(server, fix, pairs)
-            bench.say(f"[toggle] {fix}: {out[fix].gain * 100:+.1f} % ±{out[fix].error * 100:.1f}")
+        for b in range(blocks):
+            profile = _profile(server, seconds)
+            said.append(predict(profile, fixes()))
+            for fix in names:
+                ratios[fix] += toggled_fix(server, fix, pairs).ratios
+            now = {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}
+            bench.say(
+                f"[toggle] {v.name}, block {b + 1}/{blocks}: "
+                + ", ".join(
+                    f"{fix} {now[fix].gain * 100:+.1f} % (said {said[-1].gains.get(fix, 0) * 100:+.1f})"
+                    for fix in names
+                )
+            )
     finally:
         load.terminate()
         load.wait(10)
-    return out
+    assert profile is not None
+    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profile
 
 
 @dataclass
 class Recorder:
-    """Records baseline and fixed before the rounds and keeps what the model said; then
-    measures each fix toggled on the baseline server (`toggle_pairs`, 0: not at all)."""
+    """Before the rounds: records `fixed` and keeps what the model said; measures each fix
+    toggled on the baseline server in blocks, a profile of baseline before each, and
+    judges the mean of those predictions (`toggle_pairs` 0: baseline recorded once, not
+    toggled)."""
 
     predict: Predict
     seconds: float = RECORD_S
     keep: Path | None = None  # where the profiles go (for `kvprof report`)
     toggle_pairs: int = TOGGLE_PAIRS
+    blocks: int = TOGGLE_BLOCKS
     predicted: dict[str, Predicted] = field(default_factory=dict)  # variant name -> prediction
     toggled: dict[str, dict[str, Toggled]] = field(default_factory=dict)  # baseline's name -> fix -> gain
 
+    def _keep(self, v: Variant, p: Profile) -> None:
+        if self.keep is not None:
+            p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}.json.gz"))
+
     def __call__(self, bench: Bench) -> None:
         for g in bench.plan.groups:
-            for v in (g.variants[0], g.variants[-1]):
+            base, fixed = g.variants[0], g.variants[-1]
+            if self.toggle_pairs:
+                bench.say(
+                    f"[toggle] {base.name}: {self.blocks} blocks of a {self.seconds:g} s profile, then each "
+                    f"fix toggled for {self.toggle_pairs // self.blocks} pairs of {TOGGLE_WINDOW_S:g} s "
+                    "windows"
+                )
+                said, toggled, p = interleaved(
+                    bench,
+                    base,
+                    self.blocks,
+                    max(1, self.toggle_pairs // self.blocks),
+                    self.seconds,
+                    self.predict,
+                )
+                self.predicted[base.name], self.toggled[base.name] = said, toggled
+                self._keep(base, p)
+            for v in (fixed,) if self.toggle_pairs else (base, fixed):
                 bench.say(f"[record] {v.name}: {self.seconds:g} s under load")
                 p = record(bench, v, self.seconds)
-                if self.keep is not None:
-                    p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}.json.gz"))
+                self._keep(v, p)
                 self.predicted[v.name] = self.predict(p, fixes())
-                said = self.predicted[v.name]
-                bench.say(f"[record] {v.name}: busy {said.busy_share:.0%} ({said.pace})")
-            if self.toggle_pairs:
-                self.toggled[g.variants[0].name] = toggle(bench, g.variants[0], self.toggle_pairs)
+            busy = self.predicted[base.name]
+            bench.say(f"[record] {base.name}: busy {busy.busy_share:.0%} ({busy.pace})")
 
 
 @dataclass(frozen=True)
@@ -311,14 +388,17 @@ def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Re
     rows = checks(group, ops, said, toggled)
     lines = [
         *table.wrap(
-            f"what each fix is worth, {group[0].group}: predicted from a {rec.seconds:g} s profile of "
-            f"{base}, measured in the paired rounds above"
+            f"what each fix is worth, {group[0].group}: "
             + (
-                f" and toggled on one {base} server ({rec.toggle_pairs} pairs of {TOGGLE_WINDOW_S:g} s "
-                "windows, the site switched by kvcached's `site` command; median gain ± its standard "
-                "error): the prediction is judged against the toggled gain"
+                f"predicted from {rec.blocks} profiles of {base} ({rec.seconds:g} s each, the mean of their "
+                f"predictions), each followed on the same server under the same load by every fix toggled "
+                f"({rec.toggle_pairs} pairs of {TOGGLE_WINDOW_S:g} s windows per fix in all, the site "
+                "switched by kvcached's `site` command; median gain ± its standard error): the prediction "
+                "is judged against the toggled gain, measured in the same minutes; the paired rounds "
+                "above beside it"
                 if toggled
-                else ""
+                else f"predicted from a {rec.seconds:g} s profile of {base}, measured in the paired rounds "
+                "above"
             )
         ),
         f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'toggled':>9} {'±SE':>5}"
