@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support import assert_detached, pin_workers, worker_tids
 
-from kvprof.collect import CollectOptions
+from kvprof.collect import PROBE_SAMPLE, CollectOptions
 from kvprof.collect.cachelines import CachelinesCollector, classify_transfers
 from kvprof.collect.locks import LocksCollector
 from kvprof.collect.requests import RequestsCollector, opcode_names
@@ -118,8 +118,9 @@ def test_not_applicable_to_memcached(memcached_factory: Callable[..., Server]) -
 
 
 def test_probe_sample_from_command_line(kvcached_factory: Callable[..., Server]) -> None:
-    """The sampling rate is read from the target's --probe-sample, 4096 by default."""
-    assert probe_sample(kvcached_factory("-t", "1").pid) == 4096
+    """The sampling rate is read from the target's --probe-sample, kvcached's default
+    (KV_PROBE_SAMPLE_DEFAULT, kvprof's PROBE_SAMPLE) without it."""
+    assert probe_sample(kvcached_factory("-t", "1").pid) == PROBE_SAMPLE
     assert probe_sample(kvcached_factory("-t", "1", "--probe-sample", "8").pid) == 8
 
 
@@ -186,7 +187,7 @@ def test_kvs_collectors_on_baseline(kvcached_factory: Callable[..., Server]) -> 
         assert sum(c.hist_log2_cycles) == c.samples and c.cycles_max >= c.cycles_mean > 0
         if len(sockets) == 1:  # this machine: one socket, nothing crosses
             assert c.cross_socket_transfers == 0 and c.socket_matrix == [[c.transfers]]
-    assert profile.status.sample_rates == {"atomic__sample": 4096, "cmd__done": 4096}
+    assert profile.status.sample_rates == {"atomic__sample": PROBE_SAMPLE, "cmd__done": PROBE_SAMPLE}
 
     assert profile.requests["get"].count > 0
     get = profile.requests["get"]

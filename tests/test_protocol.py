@@ -22,6 +22,7 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
 from support import Wire, wait_until
 
+from kvprof.collect import PROBE_SAMPLE
 from kvprof.system.servers import Server
 
 NONNUMERIC = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
@@ -609,7 +610,7 @@ def test_stats_general_kvcached_names(kvcached_factory: Callable[..., Server], w
         w.call(b"set k%d 0 0 10\r\n0123456789\r\n" % i)
     stats = server.stats()
     assert int(stats["max_connections"]) == 100
-    assert int(stats["probe_sample"]) == 4096
+    assert int(stats["probe_sample"]) == PROBE_SAMPLE
     assert int(stats["item_objects"]) == int(stats["curr_items"]) == 20
     assert int(stats["mem_accounted"]) == int(stats["bytes"]) > 20 * 10
 

@@ -163,8 +163,10 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
             kvs = _run_kvcached(server, tmp_path / "kvs.json", "cachelines", seconds=4)
             if sum(c.transfers for c in kvs.cachelines) >= 200:
                 break
+        load_alive = kv.poll() is None
         kv.send_signal(signal.SIGTERM)
-    assert sum(c.transfers for c in kvs.cachelines) >= 200, "too few transfers to rank the lines"
+    seen = (load_alive, kvs.status.counters, kvs.status.warnings, server.stats().get("cmd_get"))
+    assert sum(c.transfers for c in kvs.cachelines) >= 200, f"too few transfers to rank the lines: {seen}"
     assert "cachelines" not in p.collectors and "regsample" in p.collectors
     lines = line_table(p)
     by_func = {}  # function -> its most sampled line

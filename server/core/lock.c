@@ -41,11 +41,13 @@ __attribute__((noinline)) void kv_lock_contended(kv_lock_t *l)
     uint64_t waited = now_ns() - t0;
     __atomic_fetch_add(&lock_counters[l->id].contended, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&lock_counters[l->id].wait_ns, waited, __ATOMIC_RELAXED);
-    /* A long wait always fires (the probe is small beside it, and the long
-     * waits are most of the wait time: sampling them would make the time
-     * estimate noisy); a short one for 1 in kv_lock_sample. A wait nested in
-     * another pending one (its lock still held) is not sampled: one pending
-     * wait per thread. */
+    /* A long wait always fires (the probe is small beside it, and a rare
+     * long wait is named even in a short recording); a shorter one for 1 in
+     * kv_lock_sample. A futex sleep and wake-up takes tens of microseconds,
+     * so under contention most waits are of that length: firing for each was
+     * most of what an attached kvprof cost the demo's server (docs/record.md,
+     * "Overhead"). A wait nested in another pending one (its lock still
+     * held) is not sampled: one pending wait per thread. */
     if (unlikely(KVS_LOCK_WAIT_DONE_ENABLED()) && kv_lock_pending.lock == NULL) {
         if (waited >= KV_LOCK_ALWAYS_NS)
             kv_lock_pending.weight = 1;
