@@ -3,14 +3,19 @@
 // Loaded by kvprof/collect/offcpu.py. Flags: those of common.h, the
 // -DUNWIND_* bounds of unwind.h (user stacks walked from unwind tables), and
 //   -DOFFCPU_STACK_SAMPLE=<n>   take the stacks of 1 in n switch-outs (random)
+//   -DOFFCPU_WALK_BUDGET=<b>    0: n stays; else n follows the switch-out rate
+//                               so that each CPU walks about b stacks per pace
+//                               epoch (2^OFFCPU_PACE_SHIFT ns); n is the start
 //
 // Walking two stacks at every switch-out of a thread that blocks per batch
-// (epoll_wait) was the single largest cost of an attached kvprof (the
-// figures are in docs/record.md). So every off-CPU period is timed
-// (per-thread totals are exact), but its stacks are taken for a random
-// 1 in OFFCPU_STACK_SAMPLE of them only, and `offcpu_periods` holds the
-// sampled periods' ns: the loader scales them by that factor (an unbiased
-// estimate).
+// (epoll_wait) was the single largest cost of an attached kvprof, and a
+// fixed 1 in n still walked a busy server's stacks hundreds of times a
+// second, each walk stalling the CPU's switch (the figures are in
+// docs/record.md). So every off-CPU period is timed (per-thread totals are
+// exact), but its stacks are taken for a random 1 in n of them only; n is
+// drawn from the switch-outs this CPU saw in its last epoch, before the
+// period it decides on, and the period is weighted by the n it was drawn
+// with: `offcpu_periods` holds an unbiased estimate of every period's ns.
 //
 // Futex waits come from the same program, not from the futex syscall
 // tracepoints: enabling any syscall tracepoint sends every syscall of every
@@ -42,6 +47,10 @@
 #ifndef OFFCPU_STACK_SAMPLE
 #error "compile with -DOFFCPU_STACK_SAMPLE=<n>"
 #endif
+#ifndef OFFCPU_WALK_BUDGET
+#error "compile with -DOFFCPU_WALK_BUDGET=<b>"
+#endif
+#define OFFCPU_PACE_SHIFT 27  // a pace epoch: 2^27 ns, about 134 ms
 
 // futex(2) commands that put the caller to sleep (op & FUTEX_CMD_MASK).
 #define FUTEX_WAIT 0
@@ -66,6 +75,7 @@ enum offcpu_health {
     OFFCPU_START_FULL,        // a thread's record did not fit
     OFFCPU_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted)
     OFFCPU_FUTEX_WAITS,       // futex waits that slept
+    OFFCPU_DRAWN,             // switch-outs whose stacks the random draw took
     OFFCPU_HEALTH,
 };
 
@@ -78,7 +88,7 @@ struct offcpu_thread {
     s32 kernel_stack;
     u16 preempted;
     u16 sampled;  // stacks were taken for the period that began at ts: OFFCPU_SAMPLED_*
-    u32 pad;
+    u32 weight;   // OFFCPU_SAMPLED_RANDOM: the n of its draw (1 in n); else 1
     u64 futex;       // the futex word the period waits on; 0: not a futex wait
     u64 last_futex;  // the word of its last futex wait (its first wait on a word takes a stack)
 };
@@ -115,6 +125,15 @@ BPF_HASH(offcpu_futex, struct offcpu_futex_key, struct offcpu_futex_val, MAX_ENT
 BPF_HASH(offcpu_futex_stacks, struct offcpu_futex_stack_key, struct offcpu_futex_val, MAX_ENTRIES);
 BPF_PERCPU_ARRAY(offcpu_health, u64, OFFCPU_HEALTH);
 
+// Per CPU: the target's switch-outs in the current pace epoch, and the n the
+// last epoch's count gave (0: none yet, OFFCPU_STACK_SAMPLE applies).
+struct offcpu_pace {
+    u64 epoch;
+    u32 count;
+    u32 n;
+};
+BPF_PERCPU_ARRAY(offcpu_pace, struct offcpu_pace, 1);
+
 static __always_inline void offcpu_count(int what, u64 n)
 {
     kv_add_percpu(offcpu_health.lookup(&what), n);
@@ -150,6 +169,29 @@ static __always_inline u64 offcpu_futex_word(struct pt_regs *user)
         cmd != FUTEX_LOCK_PI2 && cmd != FUTEX_WAIT_REQUEUE_PI)
         return 0;
     return word;
+}
+
+// The n of this switch-out's 1-in-n draw. An epoch with no switch-out of the
+// target leaves the n of the last one that had some.
+static __always_inline u32 offcpu_one_in(u64 now)
+{
+    if (!OFFCPU_WALK_BUDGET)
+        return OFFCPU_STACK_SAMPLE;
+    int zero = 0;
+    struct offcpu_pace *p = offcpu_pace.lookup(&zero);
+    if (!p)
+        return OFFCPU_STACK_SAMPLE;
+    u64 epoch = now >> OFFCPU_PACE_SHIFT;
+    if (p->epoch != epoch) {
+        if (p->count) {
+            u32 n = p->count / (OFFCPU_WALK_BUDGET ? OFFCPU_WALK_BUDGET : 1);
+            p->n = n ? n : 1;
+        }
+        p->epoch = epoch;
+        p->count = 0;
+    }
+    p->count += 1;
+    return p->n ? p->n : OFFCPU_STACK_SAMPLE;
 }
 
 static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
@@ -191,12 +233,13 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
     }
     if (!t->sampled)
         return;
+    u64 weighted = delta * t->weight;
     if (t->futex) {
         struct offcpu_futex_stack_key sk = {};
         sk.uaddr = t->futex;
         sk.user_stack = t->user_stack;
         sk.tid = tid;
-        offcpu_add_wait(offcpu_futex_stacks.lookup_or_try_init(&sk, &zero), delta);
+        offcpu_add_wait(offcpu_futex_stacks.lookup_or_try_init(&sk, &zero), weighted);
     }
     if (t->sampled != OFFCPU_SAMPLED_RANDOM)
         return;
@@ -207,8 +250,8 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
     key.kernel_stack = t->kernel_stack;
     u64 *ns = offcpu_periods.lookup(&key);
     if (ns)
-        *ns += delta;
-    else if (offcpu_periods.insert(&key, &delta))
+        *ns += weighted;
+    else if (offcpu_periods.insert(&key, &weighted))
         offcpu_count(OFFCPU_MAP_FULL, 1);
 }
 
@@ -242,8 +285,12 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     t->ts = now;
     t->preempted = ctx->args[0] != 0;
     t->futex = t->preempted ? 0 : offcpu_futex_word((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()));
-    int drawn = OFFCPU_STACK_SAMPLE <= 1 || bpf_get_prandom_u32() % OFFCPU_STACK_SAMPLE == 0;
+    u32 n = offcpu_one_in(now);
+    int drawn = n <= 1 || bpf_get_prandom_u32() % n == 0;
     t->sampled = drawn ? OFFCPU_SAMPLED_RANDOM : 0;
+    t->weight = drawn ? n : 1;
+    if (drawn)
+        offcpu_count(OFFCPU_DRAWN, 1);
     if (!t->sampled && t->futex && t->futex != t->last_futex) {
         struct offcpu_futex_key fk = {};
         fk.uaddr = t->futex;

@@ -337,3 +337,14 @@ def test_sampled_probes_scaled_once() -> None:
     lines = [cl for cl in cachelines(p) if cl.site == "on_create_item"]
     assert sum(r.updates_per_s for r in rows) == pytest.approx(sum(cl.updates for cl in lines) / DURATION)
     assert requests(p)[0].count == requests(p)[0].samples * RATE
+
+
+def test_offcpu_stacks_are_scaled_to_each_threads_exact_total() -> None:
+    """Sampled off-CPU stacks split a thread's time, its exact total sizes it; a thread
+    with no exact total keeps its estimates."""
+    from kvprof.collect.offcpu import to_totals
+
+    sampled = {(1, ("epoll_wait",)): 3000, (1, ("futex",)): 1000, (2, ("read",)): 500}
+    scaled = {(1, ("epoll_wait",)): 300, (1, ("futex",)): 100, (2, ("read",)): 500}
+    assert to_totals(sampled, {1: 400, 2: 0}) == scaled
+    assert to_totals({}, {1: 400}) == {}

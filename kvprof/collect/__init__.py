@@ -95,8 +95,9 @@ def collector_class(module_name: str) -> type:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
-OFFCPU_SAMPLE = 256  # off-CPU stacks for 1 in N switch-outs (totals stay exact)
-PROBE_SAMPLE = 4096  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
+OFFCPU_SAMPLE = 0  # off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
+OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second (docs/record.md: why)
+PROBE_SAMPLE = 16384  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)

@@ -20,11 +20,16 @@ the sampled periods and from each (word, thread)'s first wait, and the exact
 totals are spread over those stacks in proportion to their sampled time.
 
 Every off-CPU period is timed, so per-thread totals are exact; the stacks of
-only a random 1 in `--offcpu-sample` (CollectOptions.offcpu_sample) of them
-are taken, and the stacks' ns are the sampled periods' ns times that factor
-(an unbiased estimate): walking two stacks at every switch-out costs the
-target too much (the figures are in docs/record.md).
-`status.sample_rates.offcpu_stacks` in the profile records the factor.
+only a random 1 in n of them are taken, and each sampled period's ns count
+n times (an unbiased estimate): walking two stacks at every switch-out costs
+the target too much (the figures are in docs/record.md). n is
+`--offcpu-sample` (CollectOptions.offcpu_sample) when given; by default the
+program sets it per CPU from the switch-outs it saw in the last ~134 ms, so
+that each CPU walks about OFFCPU_WALKS stacks a second however fast the
+target switches. Each thread's stacks are then scaled to add up to its
+exact total: they split its time, the total sizes it (to_totals).
+`status.sample_rates.offcpu_stacks` in the profile records the given n, or
+the switch-outs per random draw.
 
 BCC attaches the raw tracepoint program itself when it compiles the module;
 the program ignores it until the unwind tables are in, and close() detaches
@@ -41,7 +46,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvprof.collect import CollectOptions
+from kvprof.collect import OFFCPU_WALKS, CollectOptions
 from kvprof.collect.bpf import Module, Program, map_items, percpu_counters, warn
 from kvprof.collect.stacks import StackCollector
 from kvprof.collect.symbols import DataNames
@@ -50,9 +55,11 @@ from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
 
 # The order of `enum offcpu_health` in probes/offcpu.bpf.c.
 HEALTH = (
-    "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits",
+    "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits", "drawn",
 )  # fmt: skip
 TRACEPOINTS = ("sched/sched_switch",)
+# An adaptive n's value until a CPU's first pace epoch (~134 ms) has counted the switch-outs.
+FIRST_ONE_IN = 256
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
@@ -93,7 +100,11 @@ class OffCpuCollector(StackCollector):
         return None
 
     def program(self) -> Program:
-        return self.program_of([f"-DOFFCPU_STACK_SAMPLE={self.opts.offcpu_sample}"])
+        fixed = self.opts.offcpu_sample
+        budget = 0 if fixed else walk_budget()
+        return self.program_of(
+            [f"-DOFFCPU_STACK_SAMPLE={fixed or FIRST_ONE_IN}", f"-DOFFCPU_WALK_BUDGET={budget}"]
+        )
 
     def program_names(self, module: Module) -> list[str]:
         return [*super().program_names(module), "raw_tracepoint__sched_switch"]
@@ -113,13 +124,13 @@ class OffCpuCollector(StackCollector):
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
-        scale = max(1, self.opts.offcpu_sample)
-        off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
-        for key, value in map_items(self.table("periods")):
+        sampled_off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
+        for key, value in map_items(self.table("periods")):  # each period already weighted by its n
             frames, _ = self.frames(int(key.user_stack), int(key.kernel_stack))
-            off[(int(key.tid), frames)] += int(value) * scale
+            sampled_off[(int(key.tid), frames)] += int(value)
         threads = map_items(self.table("threads"))
         per_thread = {int(k): int(v.total_ns) for k, v in threads if v.total_ns}
+        off = to_totals(sampled_off, per_thread)
         exact = {
             (int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in map_items(self.table("futex"))
         }
@@ -166,7 +177,9 @@ class OffCpuCollector(StackCollector):
         counters = profile.status.counters
         for name in ("stack_errors", "preempted_ns", "futex_waits"):
             counters[f"offcpu.{name}"] = health[name]
-        profile.status.sample_rates["offcpu_stacks"] = max(1, self.opts.offcpu_sample)
+        drawn = max(1, health["drawn"])
+        fixed = self.opts.offcpu_sample
+        profile.status.sample_rates["offcpu_stacks"] = fixed or max(1, round(health["switches"] / drawn))
         counters["offcpu.map_full"] = health["map_full"] + health["start_full"]
         if counters["offcpu.stack_errors"]:
             warn(profile, "offcpu: stack ids lost", counters["offcpu.stack_errors"], "raise --stack-storage")
@@ -174,6 +187,27 @@ class OffCpuCollector(StackCollector):
             warn(
                 profile, "offcpu: waits dropped, map full", counters["offcpu.map_full"], "raise --max-entries"
             )
+
+
+def to_totals(
+    sampled: dict[tuple[int, tuple[str, ...]], int], totals: dict[int, int]
+) -> dict[tuple[int, tuple[str, ...]], int]:
+    """(tid, frames) -> estimated ns, scaled so that each thread's stacks add up to
+    its exact off-CPU total (a thread without one keeps its estimates). The
+    estimates alone scatter: a few long periods drawn at 1 in a thousand weigh a
+    thousand times each, so they split a thread's time, and the exact total sizes it."""
+    sums: dict[int, int] = defaultdict(int)
+    for (tid, _), ns in sampled.items():
+        sums[tid] += ns
+    return {
+        (tid, frames): round(ns * totals[tid] / sums[tid]) if totals.get(tid) and sums[tid] else ns
+        for (tid, frames), ns in sampled.items()
+    }
+
+
+def walk_budget() -> int:
+    """Stacks walked per CPU per pace epoch (2^27 ns) for about OFFCPU_WALKS a second."""
+    return max(1, round(OFFCPU_WALKS * (1 << 27) / 1e9))
 
 
 def spread(

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import HZ, INLINE_FRAMES, MAX_ENTRIES, OFFCPU_SAMPLE, STACK_STORAGE, CollectOptions
+from kvprof.collect import (
+    HZ,
+    INLINE_FRAMES,
+    MAX_ENTRIES,
+    OFFCPU_SAMPLE,
+    OFFCPU_WALKS,
+    STACK_STORAGE,
+    CollectOptions,
+)
 from kvprof.commands import (
     add_collectors,
     add_hz,
@@ -65,9 +73,10 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-entries", type=number(int, 1024, 1 << 22), default=CollectOptions.max_entries,
                    metavar="N", help="entries per aggregation map (default: %(default)s; raise it when "
                    "a map was full)")  # fmt: skip
-    p.add_argument("--offcpu-sample", type=number(int, 1, 1 << 16), default=CollectOptions.offcpu_sample,
+    p.add_argument("--offcpu-sample", type=number(int, 0, 1 << 16), default=CollectOptions.offcpu_sample,
                    metavar="N", help="off-CPU stacks for a random 1 in N context switches, scaled by N; "
-                   "per-thread off-CPU totals stay exact (default: %(default)s; 1 = every switch: "
+                   "per-thread off-CPU totals stay exact (default: %(default)s, N follows the switch rate "
+                   f"so that each CPU walks about {OFFCPU_WALKS} stacks a second; 1 = every switch: "
                    "docs/record.md gives a stack pair's cost)")  # fmt: skip
     add_inline(p)
     p.add_argument(
