@@ -171,8 +171,12 @@ static __always_inline u64 offcpu_futex_word(struct pt_regs *user)
     return word;
 }
 
-// The n of this switch-out's 1-in-n draw. An epoch with no switch-out of the
-// target leaves the n of the last one that had some.
+// The n of this switch-out's 1-in-n draw: the last epoch's, or more once this
+// epoch has had more switch-outs than that one (a target busy all at once
+// after a quiet epoch would otherwise have every switch-out walked for an
+// epoch). Both are known before the period they decide on, so weighing the
+// period by n stays unbiased. An epoch with no switch-out of the target
+// leaves the n of the last one that had some.
 static __always_inline u32 offcpu_one_in(u64 now)
 {
     if (!OFFCPU_WALK_BUDGET)
@@ -181,17 +185,20 @@ static __always_inline u32 offcpu_one_in(u64 now)
     struct offcpu_pace *p = offcpu_pace.lookup(&zero);
     if (!p)
         return OFFCPU_STACK_SAMPLE;
+    u32 budget = OFFCPU_WALK_BUDGET ? OFFCPU_WALK_BUDGET : 1;
     u64 epoch = now >> OFFCPU_PACE_SHIFT;
     if (p->epoch != epoch) {
         if (p->count) {
-            u32 n = p->count / (OFFCPU_WALK_BUDGET ? OFFCPU_WALK_BUDGET : 1);
+            u32 n = p->count / budget;
             p->n = n ? n : 1;
         }
         p->epoch = epoch;
         p->count = 0;
     }
     p->count += 1;
-    return p->n ? p->n : OFFCPU_STACK_SAMPLE;
+    u32 n = p->n ? p->n : OFFCPU_STACK_SAMPLE;
+    u32 so_far = p->count / budget;
+    return n > so_far ? n : so_far;
 }
 
 static __always_inline int offcpu_stack_id(void *ctx, u64 flags)
