@@ -58,7 +58,7 @@ struct lock_pending {
 };
 extern __thread struct lock_pending kv_lock_pending;
 
-#define KV_LOCK_SAMPLE_DEFAULT 256
+#define KV_LOCK_SAMPLE_DEFAULT 64
 #define KV_LOCK_ALWAYS_NS (1u << 20) /* a wait this long (about 1 ms) always fires lock__wait__done */
 extern int kv_lock_sample; /* lock__wait__done for 1 contended wait in N (--lock-sample) */
 
