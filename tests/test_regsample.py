@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import exposition, kvload, record
+from support import exposition, kvload, pin_workers, record
 
 from kvprof.analysis.lines import line_table
 from kvprof.collect.decode import CLOBBERED, REGS, SEGMENT, UNREADABLE, Process
@@ -152,6 +152,10 @@ def test_kvcached_baseline_lines_agree_with_the_kvs_probes(
     # the kvs probes fire for 1 request in 64, not the default 1 in 4096: 4 s of load then
     # counts enough transfers per line to rank the lines (at the default, too few)
     server = kvcached_factory("-t", "2", "--preset", "baseline", "--probe-sample", "64")
+    # a transfer is a line moving between CPUs: left to the scheduler, which at times packs
+    # both workers on one CPU beside a busy kvload, a window counted too few of them
+    # (docs/cachelines.md, "Tests"); one worker per CPU makes every shared line bounce
+    pin_workers(server)
     # the load outlasts both recordings however slowly a loaded machine compiles and
     # symbolizes (it is stopped below): the kvs window must still see the load
     with kvload(server, 300, "--batch-size=32") as kv:
