@@ -18,7 +18,7 @@
 /* --probe-sample's default. kvprof assumes the same for a kvcached started
  * without --probe-sample (it reads the rate from the command line): change
  * both together. */
-#define KV_PROBE_SAMPLE_DEFAULT 16384
+#define KV_PROBE_SAMPLE_DEFAULT 4096
 extern int kv_probe_sample; /* fire per-request probes for 1 request in N */
 
 /* Per-thread xorshift64: the sampling intervals' randomness. Seeded from the
