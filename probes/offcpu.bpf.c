@@ -6,6 +6,7 @@
 //   -DOFFCPU_WALK_BUDGET=<b>    0: n stays; else n follows the switch-out rate
 //                               so that each CPU walks about b stacks per pace
 //                               epoch (2^OFFCPU_PACE_SHIFT ns); n is the start
+//   -DOFFCPU_PACE_SHIFT=<s>     a pace epoch is 2^s ns
 //
 // Walking two stacks at every switch-out of a thread that blocks per batch
 // (epoll_wait) was the single largest cost of an attached kvprof, and a
@@ -50,7 +51,9 @@
 #ifndef OFFCPU_WALK_BUDGET
 #error "compile with -DOFFCPU_WALK_BUDGET=<b>"
 #endif
-#define OFFCPU_PACE_SHIFT 27  // a pace epoch: 2^27 ns, about 134 ms
+#ifndef OFFCPU_PACE_SHIFT
+#error "compile with -DOFFCPU_PACE_SHIFT=<s>"
+#endif
 
 // futex(2) commands that put the caller to sleep (op & FUTEX_CMD_MASK).
 #define FUTEX_WAIT 0
@@ -185,7 +188,7 @@ static __always_inline u32 offcpu_one_in(u64 now)
     struct offcpu_pace *p = offcpu_pace.lookup(&zero);
     if (!p)
         return OFFCPU_STACK_SAMPLE;
-    u32 budget = OFFCPU_WALK_BUDGET ? OFFCPU_WALK_BUDGET : 1;
+    u32 budget = OFFCPU_WALK_BUDGET;
     u64 epoch = now >> OFFCPU_PACE_SHIFT;
     if (p->epoch != epoch) {
         if (p->count) {

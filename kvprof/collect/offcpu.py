@@ -24,7 +24,7 @@ only a random 1 in n of them are taken, and each sampled period's ns count
 n times (an unbiased estimate): walking two stacks at every switch-out costs
 the target too much (the figures are in docs/record.md). n is
 `--offcpu-sample` (CollectOptions.offcpu_sample) when given; by default the
-program sets it per CPU from the switch-outs it saw in the last ~134 ms, so
+program sets it per CPU from the switch-outs it saw in the last pace epoch, so
 that each CPU walks about OFFCPU_WALKS stacks a second however fast the
 target switches. Each thread's stacks are then scaled to add up to its
 exact total: they split its time, the total sizes it (to_totals).
@@ -58,7 +58,9 @@ HEALTH = (
     "switches", "stack_errors", "map_full", "start_full", "preempted_ns", "futex_waits", "drawn",
 )  # fmt: skip
 TRACEPOINTS = ("sched/sched_switch",)
-# An adaptive n's value until a CPU's first pace epoch (~134 ms) has counted the switch-outs.
+# The adaptive n is set per CPU from the target's switch-outs in the last pace epoch of 2^PACE_SHIFT ns.
+PACE_SHIFT = 27
+# An adaptive n's value until a CPU's first pace epoch has counted the switch-outs.
 FIRST_ONE_IN = 256
 TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
@@ -103,7 +105,11 @@ class OffCpuCollector(StackCollector):
         fixed = self.opts.offcpu_sample
         budget = 0 if fixed else walk_budget()
         return self.program_of(
-            [f"-DOFFCPU_STACK_SAMPLE={fixed or FIRST_ONE_IN}", f"-DOFFCPU_WALK_BUDGET={budget}"]
+            [
+                f"-DOFFCPU_STACK_SAMPLE={fixed or FIRST_ONE_IN}",
+                f"-DOFFCPU_WALK_BUDGET={budget}",
+                f"-DOFFCPU_PACE_SHIFT={PACE_SHIFT}",
+            ]
         )
 
     def program_names(self, module: Module) -> list[str]:
@@ -206,8 +212,8 @@ def to_totals(
 
 
 def walk_budget() -> int:
-    """Stacks walked per CPU per pace epoch (2^27 ns) for about OFFCPU_WALKS a second."""
-    return max(1, round(OFFCPU_WALKS * (1 << 27) / 1e9))
+    """Stacks walked per CPU per pace epoch (2^PACE_SHIFT ns) for about OFFCPU_WALKS a second."""
+    return max(1, round(OFFCPU_WALKS * (1 << PACE_SHIFT) / 1e9))
 
 
 def spread(
