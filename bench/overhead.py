@@ -498,7 +498,8 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Attached]:
         if tool == "record-oncpu-offcpu":
             argv += ["--collectors", "oncpu,offcpu"]
         elif ":" in tool:  # record:locks+cachelines: those collectors only
-            argv += ["--collectors", tool.split(":", 1)[1].replace("+", ",")]
+            argv += ["--collectors", tool.split(":", 1)[1].split("@")[0].replace("+", ",")]
+        argv += tool.split("@")[1:]  # record:offcpu@--offcpu-sample@64: more of record's options
         word, what = "collecting", "kvprof record"
     elif tool == "bcc-profile":
         argv = [
@@ -577,9 +578,10 @@ def start_single_load(server: Server, args: argparse.Namespace) -> subprocess.Po
 
 
 def tools_of(args: argparse.Namespace) -> list[str]:
-    """--tools, checked: the TOOLS, or record:<collector>+<collector>..."""
+    """--tools, checked: the TOOLS, or record:<collector>+<collector>..., each record
+    optionally followed by @<option>@<value>... (more of record's command line)"""
     tools = [t for t in args.tools.split(",") if t]
-    unknown = [t for t in tools if t not in TOOLS and not t.startswith("record:")]
+    unknown = [t for t in tools if t.split("@")[0] not in TOOLS and not t.startswith("record:")]
     if unknown:
         raise SystemExit(f"overhead: unknown tool {unknown[0]!r}: choose from {', '.join(TOOLS)}")
     return tools
@@ -906,7 +908,10 @@ def main() -> int:
         "--load", default="demo", choices=("demo", "light"), help="single: the load (default demo)"
     )
     ap.add_argument(
-        "--tools", default=",".join(TOOLS), help=f"single: what to attach (default {','.join(TOOLS)})"
+        "--tools",
+        default=",".join(TOOLS),
+        help=f"what to attach (default {','.join(TOOLS)}); also record:<collector>+<collector>, and "
+        "any record followed by @<option>@<value>... (record:offcpu@--offcpu-sample@64)",
     )
     ap.add_argument(
         "--toggle",
