@@ -69,7 +69,13 @@ def test_baseline_profile_names_the_contention(
 ) -> None:
     """Baseline under load: topkeys waits and the four counter sites, per thread, matching `stats locks`."""
     # every contended wait fires (by default the short ones are sampled): the counts can match
-    server = kvcached_factory("-t", "2", "--preset", "baseline", "--lock-sample", "1")
+    # denser counter samples and one worker per CPU: the two workers then meet on the shared
+    # lines within the load's seconds even beside other work (at the default 1 in 4096 and
+    # left to the scheduler, a CI run beside two busy loops saw no transfer at all)
+    server = kvcached_factory(
+        "-t", "2", "--preset", "baseline", "--lock-sample", "1", "--probe-sample", "1024"
+    )
+    pin_workers(server)
     out = tmp_path / "base.json.gz"
     # The whole load runs inside the window: record attaches first, kvload runs to
     # its end, then record stops. The server's counters and the probes' maps are
@@ -232,6 +238,7 @@ def test_sigusr1_pauses_and_sigusr2_resumes_without_a_compile(
     # every contended wait fires lock__wait__done: the load contends the locks only in bursts,
     # so the recording goes on until the server itself counted contended waits since the resume
     server = kvcached_factory("-t", "2", "--lock-sample", "1")
+    pin_workers(server)  # one per CPU: they contend the locks beside other work too
     out = tmp_path / "paused.json"
     probes = ("lock__wait__done", "atomic__sample", "cmd__done")
     with (
