@@ -164,13 +164,17 @@ def main() -> int:
                 m, _ = timed_record(server.pid, tmp / f"{name}.json.gz", extra, tree)
                 print(f"  {name:<11} {m['attached']:5.2f} s  {m['cpu']:5.2f} CPU s", flush=True)
         if not a.no_top:
+            tops = []
             for i in range(a.runs):
                 first, attached = timed_top(server.pid, tree)
+                tops.append({"first": first, "attached": attached})
                 found = f"first finding (topkeys) after {first:5.2f} s"
                 if load is None:
                     found = "no finding (no load)"
                 print(f"  top -p, run {i + 1}: {found}, every collector attached after {attached:5.2f} s",
                       flush=True)  # fmt: skip
+            first = "" if load is None else f"first finding after median {spread(tops, 'first')}; "
+            print(f"top -p: {first}every collector attached after median {spread(tops, 'attached')}")
         return 0
     finally:
         if load is not None:
