@@ -501,15 +501,9 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Attached]:
             argv += ["--collectors", tool.split(":", 1)[1].split("@")[0].replace("+", ",")]
         argv += tool.split("@")[1:]  # record:offcpu@--offcpu-sample@64: more of record's options
         word, what = "collecting", "kvprof record"
-    elif tool == "bcc-profile":
-        argv = [
-            shutil.which("profile-bpfcc") or "/usr/sbin/profile-bpfcc",
-            "-F",
-            "99",
-            "-p",
-            str(pid),
-            "100000",
-        ]
+    elif tool.startswith("bcc-profile"):  # bcc-profile@-p@1: a later option overrides an earlier
+        argv = [shutil.which("profile-bpfcc") or "/usr/sbin/profile-bpfcc", "-F", "99", "-p", str(pid),
+                *tool.split("@")[1:], "100000"]  # fmt: skip
         word, what = "Sampling", "profile-bpfcc"
     else:  # --control: toggle_windows() disables and enables its events
         control = Path(tmp) / "perf-control"
@@ -527,7 +521,7 @@ def tool_attached(tool: str, pid: int, tmp: str) -> Iterator[Attached]:
     try:
         if word:
             _ready_line(proc, word, 180, what)
-        if tool == "bcc-profile":  # it says "Sampling" before it compiles: wait for its program
+        if tool.startswith("bcc-profile"):  # it says "Sampling" before it compiles: wait for its program
             _wait_bpf_loaded(proc, 180, what)
         assert proc.stdout is not None
         threading.Thread(target=proc.stdout.read, daemon=True).start()
@@ -579,7 +573,7 @@ def start_single_load(server: Server, args: argparse.Namespace) -> subprocess.Po
 
 def tools_of(args: argparse.Namespace) -> list[str]:
     """--tools, checked: the TOOLS, or record:<collector>+<collector>..., each record
-    optionally followed by @<option>@<value>... (more of record's command line)"""
+    or bcc-profile optionally followed by @<option>@<value>... (more of its command line)"""
     tools = [t for t in args.tools.split(",") if t]
     unknown = [t for t in tools if t.split("@")[0] not in TOOLS and not t.startswith("record:")]
     if unknown:
@@ -728,7 +722,7 @@ class Toggle:
         self.what = what
         self.tool = attached.tool
         self.pid = attached.proc.pid if attached.proc is not None else None
-        self.fds = perf_event_fds(self.pid) if self.tool == "bcc-profile" and self.pid else []
+        self.fds = perf_event_fds(self.pid) if self.tool.startswith("bcc-profile") and self.pid else []
         self.attached_count = self._attachments() if self.pid else 0
         self.paused_count: int | None = None  # what a whole pause leaves: learnt at the first
         self.on_since: float | None = time.monotonic()
@@ -762,7 +756,7 @@ class Toggle:
 
     def _programs_switch(self, on: bool) -> None:
         assert self.pid is not None
-        if self.tool == "bcc-profile":
+        if self.tool.startswith("bcc-profile"):
             for fd in self.fds:
                 fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
         elif self.what != "process":
@@ -911,7 +905,8 @@ def main() -> int:
         "--tools",
         default=",".join(TOOLS),
         help=f"what to attach (default {','.join(TOOLS)}); also record:<collector>+<collector>, and "
-        "any record followed by @<option>@<value>... (record:offcpu@--offcpu-sample@64)",
+        "any record or bcc-profile followed by @<option>@<value>... (record:offcpu@--offcpu-sample@64; "
+        "bcc-profile@-p@1 samples at 99 Hz for a process that never runs: the sampling interrupts alone)",
     )
     ap.add_argument(
         "--toggle",
