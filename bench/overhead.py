@@ -66,8 +66,9 @@ and the benchmark is built around both:
   anew for every "with" run (the first design; its pairs are a compile
   apart).
 - **Throughput depends on everything else the machine does.** The BPF
-  programs' own CPU time does not: `kernel.bpf_stats_enabled` is on while
-  the runs go, and the run time of each of record's programs is read from
+  programs' own CPU time does not: BPF run-time statistics are on while
+  the runs go (BPF_ENABLE_STATS: off again when the bench ends, however it
+  ends), and the run time of each of record's programs is read from
   /proc/PID/fdinfo around every run, so the exact CPU the probes took is
   printed per second and per operation, for the "with" and the "without"
   runs. (USDT traps add ~0.5 µs per probe hit in the kernel, outside that
@@ -114,12 +115,12 @@ sys.path.insert(0, str(REPO))
 from kvprof.analysis.own_cost import own_cost  # noqa: E402
 from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
+from kvprof.collect.overhead import enable_stats  # noqa: E402
 from kvprof.model.profile import Profile  # noqa: E402
 from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import Server, kvload_binary, start_kvcached  # noqa: E402
 
 LOAD = ["--connections=8", "--batch-size=8", "--set-pct=20", "--key-dist=zipf:0.99"]  # + --num-threads
-BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 PROG_TYPES = {
     "1": "socket",
     "2": "kprobe/uprobe",
@@ -952,11 +953,10 @@ def main() -> int:
         return 2
     sample = ["--probe-sample", str(args.probe_sample)] if args.probe_sample else []
     placement = Placement()
-    stats_before = BPF_STATS.read_text().strip() if BPF_STATS.exists() else None
+    # a descriptor, not the sysctl: a bench killed midway then leaves the statistics as they were
+    stats = enable_stats()
     tmp = tempfile.mkdtemp(prefix="kvprof-overhead-")
     try:
-        if stats_before is not None:
-            BPF_STATS.write_text("1")
         if args.mode == "single":
             single(args, tmp, sample)
         elif args.mode == "toggle":
@@ -964,8 +964,8 @@ def main() -> int:
         else:
             (reattach if args.reattach else side_by_side)(args, placement, tmp, sample)
     finally:
-        if stats_before is not None:
-            BPF_STATS.write_text(stats_before)
+        if stats is not None:
+            os.close(stats)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
