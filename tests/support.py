@@ -400,16 +400,20 @@ def assert_nothing_left(before: dict[int, str], loaded: set[int]) -> None:
 
 @contextlib.contextmanager
 def collecting(
-    pid: int, hz: int = CollectOptions.hz, offcpu_sample: int = 16
+    pid: int, hz: int = CollectOptions.hz, offcpu_sample: int = 16, offcpu_hz: int = 0
 ) -> Iterator[tuple[list[Any], set[int]]]:
     """oncpu and offcpu attached to pid; yields them and the program ids they
-    loaded; always closes them and checks nothing of ours is left."""
+    loaded; always closes them and checks nothing of ours is left. offcpu times
+    every switch (kvprof.collect.offcpu), or with `offcpu_hz` samples the
+    threads that many times a second (kvprof.collect.offsample, record's default)."""
     from kvprof.collect.offcpu import OffCpuCollector
+    from kvprof.collect.offsample import OffSampleCollector
     from kvprof.collect.oncpu import OnCpuCollector
 
     before = our_bpf_fds()
-    opts = CollectOptions(hz=hz, offcpu_sample=offcpu_sample)
-    collectors: list[Any] = [OnCpuCollector(pid, opts), OffCpuCollector(pid, opts)]
+    opts = CollectOptions(hz=hz, offcpu_sample=offcpu_sample, offcpu_hz=offcpu_hz)
+    offcpu = OffSampleCollector(pid, opts) if offcpu_hz else OffCpuCollector(pid, opts)
+    collectors: list[Any] = [OnCpuCollector(pid, opts), offcpu]
     loaded: set[int] = set()
     try:
         for c in collectors:

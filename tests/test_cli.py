@@ -51,7 +51,7 @@ def test_flame_graph_options_are_the_exports_defaults() -> None:
 def test_record_takes_the_collectors_defaults() -> None:
     args = build_parser().parse_args(["record", "-p", "1"])
     defaults = CollectOptions.__dataclass_fields__
-    for name in ("hz", "stack_storage", "max_entries", "offcpu_sample"):
+    for name in ("hz", "stack_storage", "max_entries", "offcpu_sample", "offcpu_hz"):
         assert getattr(args, name) == defaults[name].default, name
 
 

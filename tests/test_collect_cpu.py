@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from support import bpf_frames, collecting, our_bpf_fds, snapshot, stop_contend
 
-from kvprof.collect import CollectOptions
+from kvprof.collect import OFFCPU_HZ, CollectOptions
 from kvprof.model.delta import delta
 from kvprof.model.profile import Profile
 from kvprof.model.topology import parse_cpulist
@@ -57,13 +57,17 @@ def self_samples(profile: Profile, tids: set[int] | None = None) -> Counter[str]
 # ---- the tests -------------------------------------------------------------
 
 
-def test_hot_function_and_mutex_waits(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
+@pytest.mark.parametrize("offcpu_hz", [0, OFFCPU_HZ], ids=["every-switch", "sampled"])
+def test_hot_function_and_mutex_waits(contend: Callable[[], subprocess.Popen[bytes]], offcpu_hz: int) -> None:
     """On the contend program: spin_hot_function leads the on-CPU samples, and
-    futex waits are counted for both mutex threads and none for the hot one."""
+    futex waits are counted for both mutex threads and none for the hot one,
+    timed at every switch or sampled (the mutex threads wait about half the
+    time: a few seconds of looks see them), their stacks walked to the thread's
+    function through glibc (no frame pointers)."""
     proc = contend()
     names = thread_names(proc.pid)
     by_name = {n: t for t, n in names.items()}
-    with collecting(proc.pid) as (collectors, _):
+    with collecting(proc.pid, offcpu_hz=offcpu_hz) as (collectors, _):
         time.sleep(3.0)
         profile = snapshot(proc.pid, collectors)
 
@@ -91,6 +95,9 @@ def test_hot_function_and_mutex_waits(contend: Callable[[], subprocess.Popen[byt
     # Both mutex threads wait on the same futex word: the one mutex.
     words = {f.uaddr for f in profile.offcpu.futex if f.tid in (by_name["mutex-a"], by_name["mutex-b"])}
     assert len(words) == 1, words
+    assert any("mutex_main" in f.frames for f in profile.offcpu.futex), [
+        f.frames for f in profile.offcpu.futex
+    ]
     # The counter is read after the map, while the program still counts.
     assert profile.status.counters["offcpu.futex_waits"] >= sum(waits.values())
 
@@ -133,19 +140,28 @@ def test_kvcached_workers_sampled(kvcached_factory: Callable[..., Server]) -> No
     assert all(profile.threads[t].offcpu_ns > 0 for t, i in profile.threads.items() if i.name in workers)
 
 
-@pytest.mark.parametrize("sample", [1, 16, 0])
+@pytest.mark.parametrize("sample", [1, 16, 0, -1])
 def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., Server], sample: int) -> None:
     """Every off-CPU period is timed into its thread's total; stacks are taken
     for 1 in `sample` of them (0: 1 in n, n following the switch rate) and each
     thread's stacks are scaled to its total, so they add up to it (to rounding);
     with 1 nothing is scaled. The profile says the n: the one given, or the
-    switch-outs per draw, more than one for a server under load."""
+    switch-outs per draw, more than one for a server under load. -1: sampled
+    (record's default); the totals come from schedstat and the wait for a CPU
+    is its own stack, so the stacks add up to the total the same way."""
     server = kvcached_factory("-t", "2")
-    with collecting(server.pid, offcpu_sample=sample) as (collectors, _):
+    with collecting(server.pid, offcpu_sample=max(0, sample), offcpu_hz=OFFCPU_HZ if sample < 0 else 0) as (
+        collectors,
+        _,
+    ):
         run_kvload(server, 2.0)
         profile = snapshot(server.pid, collectors)
-    rate = profile.status.sample_rates["offcpu_stacks"]
-    assert rate == sample if sample else rate > 1, rate
+    if sample >= 0:
+        rate = profile.status.sample_rates["offcpu_stacks"]
+        assert rate == sample if sample else rate > 1, rate
+    else:
+        assert profile.status.sample_rates["offcpu_hz"] == OFFCPU_HZ
+        assert profile.status.counters["offcpu.samples"] > 0
     assert not bpf_frames(profile), "the BPF program's own frames are not the target's"
     by_thread: Counter[int] = Counter()
     stacks: Counter[int] = Counter()
@@ -158,6 +174,8 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
     for tid in workers:
         total = profile.threads[str(tid)].offcpu_ns
         assert total > 0
+        if sample < 0:
+            assert 0 <= profile.threads[str(tid)].runnable_ns <= total
         if sample == 1:
             assert by_thread[tid] == total
         elif by_thread[tid]:  # a thread none of whose periods was drawn has no stack
@@ -237,12 +255,13 @@ def test_samplers_share_one_cpu_clock(contend: Callable[[], subprocess.Popen[byt
     assert events() == 0
 
 
-def test_target_exits_mid_run(contend: Callable[[], subprocess.Popen[bytes]]) -> None:
+@pytest.mark.parametrize("offcpu_hz", [0, OFFCPU_HZ], ids=["every-switch", "sampled"])
+def test_target_exits_mid_run(contend: Callable[[], subprocess.Popen[bytes]], offcpu_hz: int) -> None:
     """When the target exits while attached, contribute() still returns what
     was counted (names and symbols included) and close() works."""
     proc = contend()
     by_name = {n: t for t, n in thread_names(proc.pid).items()}
-    with collecting(proc.pid) as (collectors, _):
+    with collecting(proc.pid, offcpu_hz=offcpu_hz) as (collectors, _):
         time.sleep(2.0)
         stop_contend(proc)
         assert proc.returncode == 0

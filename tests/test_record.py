@@ -91,9 +91,10 @@ def test_baseline_profile_names_the_contention(
     p = Profile.load(out)
     assert p.target.kvs_probes and p.target.pid == server.pid
     assert {"oncpu", "offcpu", "locks", "cachelines", "requests"} <= set(p.collectors)
-    # on-CPU samples land in the kvs programs too, off-CPU and futex stacks are
-    # taken inside BPF: none of BPF's own frames is kept
-    assert p.oncpu and p.offcpu.stacks and p.offcpu.futex
+    # on-CPU samples land in the kvs programs too: none of BPF's own frames is kept
+    # (off-CPU stacks are sampled from outside, 19 looks a second: a futex wait of
+    # this load is short, and some recordings see none)
+    assert p.oncpu and p.offcpu.stacks
     assert not bpf_frames(p), bpf_frames(p)
 
     topkeys = next(lk for lk in p.locks if lk.name == "topkeys")
@@ -387,7 +388,8 @@ def test_perf_backend_takes_the_on_cpu_stacks_alone(
 @pytest.mark.bpf
 def test_profile_says_what_kvprof_cost(kvcached_factory: Callable[..., Server], tmp_path: Path) -> None:
     """Under the demo's load a profile carries kvprof's own cost, measured (BPF statistics were
-    on, and are as before once record exits), every attached collector's programs counted, and a
+    on, and are as before once record exits), every attached collector's programs counted (but
+    the sampled offcpu's: its iterator runs in kvprof's own thread, its own CPU), and a
     share of the target within the range the single-server benchmark measured for the
     throughput loss (docs/record.md, Overhead); the report prints it."""
     stats = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -402,18 +404,19 @@ def test_profile_says_what_kvprof_cost(kvcached_factory: Callable[..., Server], 
     o = p.overhead
     assert o.measured and o.window_s > 2 and o.target_cpu_s > 0, o
     # the samplers share one program at one set of cpu-clock events, counted once as "oncpu+regsample"
-    assert {n for c in o.programs for n in c.collector.split("+")} == set(p.collectors), (
+    assert {n for c in o.programs for n in c.collector.split("+")} == set(p.collectors) - {"offcpu"}, (
         o.programs,
         p.collectors,
     )
-    assert all(c.runs > 0 for c in o.programs if c.collector in ("oncpu", "offcpu", "cachelines")), o.programs
+    assert all(c.runs > 0 for c in o.programs if c.collector in ("oncpu", "cachelines")), o.programs
     cost = own_cost(p)
     assert cost is not None
     # the figure estimates the loss the single-server benchmark measures for record on this
     # load (docs/record.md, "Overhead"): a few percent, never 0; other work on the machine
     # stretches the BPF programs' run time, so the bound leaves room for that and no more
     assert 0.001 < cost.share < 0.12, cost
-    assert any(r.collector == "offcpu" and r.fired_by == "tracepoint" for r in cost.rows)
+    assert any(r.collector == "cachelines" and r.fired_by == "uprobe" for r in cost.rows)
+    assert cost.process_share > 0  # kvprof's own CPU: its reads, the offcpu looks among them
     text = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, check=True).stdout
     assert "KVPROF'S OWN COST" in text
     # one row per collector, its name a column of its own ("oncpu+regsample" is the longest)

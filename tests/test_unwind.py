@@ -235,13 +235,18 @@ def test_kvcached_baseline_stacks_rooted(kvcached_factory) -> None:
     assert not bare_addresses(profile)
 
 
-def test_static_mutex_named_with_its_caller_and_wait_matches(tmp_path: Path, started: list) -> None:
+@pytest.mark.parametrize(("offcpu_hz", "within"), [(0, 0.10), (99, 0.25)], ids=["every-switch", "sampled"])
+def test_static_mutex_named_with_its_caller_and_wait_matches(
+    tmp_path: Path, started: list, offcpu_hz: int, within: float
+) -> None:
     """A named static mutex taken in a named function: the finding names both, and
-    the futex wait total is within 10 % of the program's own clock."""
+    the futex wait total is within 10 % of the program's own clock when every
+    switch is timed; sampled (99 looks a second for 2 s at two threads that each
+    wait about half the time: some 200 samples, a standard error near 5 %), within 25 %."""
     binary = build(tmp_path, "ledger")
     proc = start(started, str(binary))
     assert proc.stdin is not None and proc.stdout is not None
-    with collecting(proc.pid, offcpu_sample=1) as (collectors, _):
+    with collecting(proc.pid, offcpu_sample=1, offcpu_hz=offcpu_hz) as (collectors, _):
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
         time.sleep(2)
@@ -253,7 +258,7 @@ def test_static_mutex_named_with_its_caller_and_wait_matches(tmp_path: Path, sta
     waits = [f for f in profile.offcpu.futex if f.name == "ledger_lock"]
     assert waits, [(f.name, f.frames) for f in profile.offcpu.futex]
     measured = sum(f.ns for f in waits)
-    assert abs(measured - own_ns) <= 0.10 * own_ns, (measured, own_ns)
+    assert abs(measured - own_ns) <= within * own_ns, (measured, own_ns)
     finding = next(f for f in find(profile) if f.id.startswith("futex:"))
     assert finding.lock == "ledger_lock" and finding.where == "post_entry", finding
     assert "ledger_lock" in finding.title and "post_entry" in finding.title

@@ -70,6 +70,7 @@ def missing_bcc() -> str | None:
 COLLECTORS: dict[str, str] = {
     "oncpu": "OnCpuCollector",
     "offcpu": "OffCpuCollector",
+    "offsample": "OffSampleCollector",
     "locks": "LocksCollector",
     "cachelines": "CachelinesCollector",
     "requests": "RequestsCollector",
@@ -95,7 +96,11 @@ def collector_class(module_name: str) -> type:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
-OFFCPU_SAMPLE = 0  # off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
+# Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
+# 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
+OFFCPU_HZ = 19
+# With OFFCPU_HZ 0: off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
+OFFCPU_SAMPLE = 0
 OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second (docs/record.md: why)
 PROBE_SAMPLE = 4096  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
@@ -118,6 +123,7 @@ class CollectOptions:
     stack_storage: int = STACK_STORAGE
     max_entries: int = MAX_ENTRIES
     offcpu_sample: int = OFFCPU_SAMPLE
+    offcpu_hz: int = OFFCPU_HZ
     inline: bool = INLINE_FRAMES  # `name [inlined]` frames from the target's DWARF
     progress: Callable[[str], None] | None = None  # one line of what takes long (building unwind tables)
     # who takes the on-CPU stacks (the session picks the collector, see session.modules):

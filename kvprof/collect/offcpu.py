@@ -43,6 +43,7 @@ without frame pointers still reaches the caller of `pthread_mutex_lock`.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,12 +67,18 @@ TRACEFS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
 @dataclass
-class _Snapshot:
+class OffCpuSnapshot:
+    """What either off-CPU collector read (this one, or kvprof.collect.offsample's)."""
+
     stacks: list[OffCpuStack] = field(default_factory=list)
     futex: list[FutexWait] = field(default_factory=list)
     offcpu_ns: dict[int, int] = field(default_factory=dict)
     runnable_ns: dict[int, int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Snapshot(OffCpuSnapshot):
     health: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HEALTH, 0))
 
 
@@ -146,17 +153,10 @@ class OffCpuCollector(StackCollector):
             sampled[(int(key.tid), int(key.uaddr))][frames] += int(value.ns) or 1
         futex = spread(exact, sampled)
         tids = set(per_thread) | {tid for tid, _, _ in futex}
+        stacks, waits = as_lists(off, futex, self._data)
         return _Snapshot(
-            stacks=[
-                OffCpuStack(tid=tid, frames=list(frames), ns=ns)
-                for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
-            ],
-            futex=[
-                FutexWait(
-                    tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns, name=self._data.name(uaddr)
-                )
-                for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
-            ],
+            stacks=stacks,
+            futex=waits,
             offcpu_ns=dict(per_thread),
             # since attaching, as every count here: the threads it saw switch (one that
             # never switched waited for no CPU)
@@ -171,14 +171,7 @@ class OffCpuCollector(StackCollector):
 
     def contribute(self, profile: Profile) -> None:
         snap = self.latest()
-        # every read builds new objects and no stage changes them: a snapshot shares them
-        profile.offcpu.stacks = list(snap.stacks)
-        profile.offcpu.futex = list(snap.futex)
-        for tid, name in snap.names.items():
-            info = profile.threads.setdefault(str(tid), ThreadInfo())
-            info.offcpu_ns = snap.offcpu_ns.get(tid, 0)
-            info.name = info.name or name
-            info.runnable_ns = snap.runnable_ns.get(tid, 0)
+        put(profile, snap)
         health = snap.health
         counters = profile.status.counters
         for name in ("stack_errors", "preempted_ns", "futex_waits"):
@@ -193,6 +186,34 @@ class OffCpuCollector(StackCollector):
             warn(
                 profile, "offcpu: waits dropped, map full", counters["offcpu.map_full"], "raise --max-entries"
             )
+
+
+def as_lists(
+    off: dict[tuple[int, tuple[str, ...]], int],
+    futex: Mapping[tuple[int, int, tuple[str, ...]], Sequence[int]],
+    data: DataNames,
+) -> tuple[list[OffCpuStack], list[FutexWait]]:
+    """The profile's off-CPU stacks, from (tid, frames) -> ns, and futex waits, from
+    (tid, word, frames) -> (waits, ns), each most ns first."""
+    return [
+        OffCpuStack(tid=tid, frames=list(frames), ns=ns)
+        for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
+    ], [
+        FutexWait(tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns, name=data.name(uaddr))
+        for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    ]
+
+
+def put(profile: Profile, snap: OffCpuSnapshot) -> None:
+    """A snapshot's stacks, futex waits and per-thread totals into `profile`."""
+    # every read builds new objects and no stage changes them: a snapshot shares them
+    profile.offcpu.stacks = list(snap.stacks)
+    profile.offcpu.futex = list(snap.futex)
+    for tid, name in snap.names.items():
+        info = profile.threads.setdefault(str(tid), ThreadInfo())
+        info.offcpu_ns = snap.offcpu_ns.get(tid, 0)
+        info.name = info.name or name
+        info.runnable_ns = snap.runnable_ns.get(tid, 0)
 
 
 def to_totals(

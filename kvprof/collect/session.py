@@ -89,7 +89,8 @@ def alive(pid: int) -> bool:
 def modules(pid: int, names: list[str] | tuple[str, ...], opts: CollectOptions) -> dict[str, str]:
     """The module under kvprof/collect/ that collects each of `names` for this target: the
     on-CPU stacks come from perf (opts.backend "perf", and nothing else then), from py-spy
-    (opts.python, or None and a CPython target) or from BPF; everything else from BPF."""
+    (opts.python, or None and a CPython target) or from BPF; the off-CPU ones from looks
+    at the target's threads (opts.offcpu_hz) or from every switch; everything else from BPF."""
     if opts.backend == "perf":
         if opts.python:
             raise CollectError("--python and --backend perf both take the on-CPU stacks: choose one")
@@ -97,7 +98,10 @@ def modules(pid: int, names: list[str] | tuple[str, ...], opts: CollectOptions) 
     from kvprof.collect.pyspy import python_version
 
     python = opts.python if opts.python is not None else "oncpu" in names and python_version(pid) is not None
-    return {n: "pyspy" if n == "oncpu" and python else n for n in names}
+    return {
+        n: "pyspy" if n == "oncpu" and python else "offsample" if n == "offcpu" and opts.offcpu_hz else n
+        for n in names
+    }
 
 
 @contextmanager

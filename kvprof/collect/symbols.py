@@ -173,8 +173,10 @@ class Symbolizer:
             addrs = list(table.walk(stack_id))
         except KeyError:
             return []
-        if not kernel:
-            return self._user_stack(addrs)
+        return self.kernel_stack(addrs) if kernel else self._user_stack(addrs)
+
+    def kernel_stack(self, addrs: list[int]) -> list[str]:
+        """Frames, root first, of kernel addresses leaf first."""
         return without_tracing([self.kernel(a) for a in reversed(addrs)])
 
 

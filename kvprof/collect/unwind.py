@@ -28,6 +28,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -476,6 +477,52 @@ class Unwinder:
             pages_map.items_update_batch(keys, values)
         ready = bpf[b"unw_ready"]
         ready[ready.Key(0)] = ready.Leaf(1)
+
+    def walk(self, ip: int, sp: int, bp: int, read: Callable[[int], int | None]) -> tuple[list[int], str]:
+        """The user stack (ips leaf first, why the walk stopped) from these registers,
+        walked here by the rules probes/unwind.h walks by in BPF, over the same tables;
+        `read` gives the 8 bytes at a stack address, or None. For a thread that BPF
+        cannot walk: one asleep in another process (kvprof.collect.offsample)."""
+        ips: list[int] = []
+        for i in range(UNWIND_FRAMES):
+            ips.append(ip)
+            m = self.mapping(ip)
+            if m is None or (m.table is None and not m.path.startswith("/")):
+                return ips, "outside known code"
+            if m.table is None:  # a module without unwind information: frame pointers
+                saved = read(bp) if bp else None
+                if saved is None:
+                    return ips, "no unwind info" if not bp else "stack not readable"
+                cfa, bp = bp + 16, saved
+            else:
+                pc = ip - m.bias - (1 if i else 0)  # a return address: look up its call
+                row = bisect.bisect_right(m.table.pcs, pc) - 1
+                if row < 0:
+                    return ips, "no unwind info"
+                _, kind_no, _, rbp_off, cfa_off = ROW.unpack_from(m.table.rows, row * ROW.size)
+                kind = ROW_KINDS[kind_no]
+                if kind == "none":
+                    return ips, "no unwind info"
+                if kind == "end":
+                    return ips, "root"
+                if kind == "rbp":
+                    cfa = bp + cfa_off
+                elif kind == "plt":
+                    cfa = sp + 8 + (8 if ip & 15 >= 11 else 0)
+                else:
+                    cfa = sp + cfa_off
+                if rbp_off:
+                    saved = read(cfa + rbp_off)
+                    if saved is None:
+                        return ips, "stack not readable"
+                    bp = saved
+            ra = read(cfa - 8)
+            if ra is None:
+                return ips, "stack not readable"
+            if not ra:
+                return ips, "root"
+            ip, sp = ra, cfa
+        return ips, "depth limit"
 
     def did_not_fit(self, ip: int) -> bool:
         """Whether ip lies in a mapping (part) whose pages did not fit in unw_pages."""

@@ -17,6 +17,7 @@ from kvprof.collect import (
     HZ,
     INLINE_FRAMES,
     MAX_ENTRIES,
+    OFFCPU_HZ,
     OFFCPU_SAMPLE,
     OFFCPU_WALKS,
     STACK_STORAGE,
@@ -73,8 +74,14 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--max-entries", type=number(int, 1024, 1 << 22), default=CollectOptions.max_entries,
                    metavar="N", help="entries per aggregation map (default: %(default)s; raise it when "
                    "a map was full)")  # fmt: skip
+    p.add_argument("--offcpu-hz", type=number(int, 0, 1000), default=CollectOptions.offcpu_hz, metavar="HZ",
+                   help="looks a second at each thread of the target for off-CPU stacks and futex "
+                   "waits (default: %(default)s; nothing runs at its switches); 0: time every switch "
+                   "instead, exact futex wait counts at a cost at every switch of the machine "
+                   "(docs/record.md)")  # fmt: skip
     p.add_argument("--offcpu-sample", type=number(int, 0, 1 << 16), default=CollectOptions.offcpu_sample,
-                   metavar="N", help="off-CPU stacks for a random 1 in N context switches, scaled by N; "
+                   metavar="N", help="with --offcpu-hz 0: off-CPU stacks for a random 1 in N context "
+                   "switches, scaled by N; "
                    "per-thread off-CPU totals stay exact (default: %(default)s, N follows the switch rate "
                    f"so that each CPU walks about {OFFCPU_WALKS} stacks a second; 1 = every switch: "
                    "docs/record.md gives a stack pair's cost)")  # fmt: skip
@@ -142,6 +149,7 @@ class RecordOptions:
     stack_storage: int = STACK_STORAGE
     max_entries: int = MAX_ENTRIES
     offcpu_sample: int = OFFCPU_SAMPLE
+    offcpu_hz: int = OFFCPU_HZ
     inline: bool = INLINE_FRAMES
     interval: float = 1.0
     quiet: bool = False
@@ -191,6 +199,7 @@ def _collect_options(opts: RecordOptions) -> CollectOptions:
         stack_storage=opts.stack_storage,
         max_entries=opts.max_entries,
         offcpu_sample=opts.offcpu_sample,
+        offcpu_hz=opts.offcpu_hz,
         inline=opts.inline,
         progress=None if opts.quiet else lambda line: _progress(f"  {line}", final=True),
         backend=opts.backend,

@@ -99,6 +99,10 @@ class OffCpuStack:
     ns: int
 
 
+# The one frame of a sampled thread's wait for a CPU (kvprof.collect.offsample): runnable, not asleep.
+RUNNABLE_FRAME = "[runnable]"
+
+
 @dataclass
 class FutexWait:
     tid: int

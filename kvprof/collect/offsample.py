@@ -1,0 +1,409 @@
+"""Off-CPU time and futex waits of one process, sampled (probes/offsample.bpf.c):
+the `offcpu` collector by default (CollectOptions.offcpu_hz > 0).
+
+Nothing runs at the target's switches: the cost of kvprof.collect.offcpu, whose
+program runs at every switch of the machine, is the attachment itself, however
+little the program does (docs/record.md, "Runs 40-46"). Instead, offcpu_hz times
+a second, a thread of kvprof's looks at each thread of the target:
+
+- /proc/PID/task/TID/schedstat says how long it has run and waited for a CPU;
+- /proc/PID/task/TID/syscall says whether it is asleep and in which system
+  call, with its arguments, stack pointer and pc, as one sample the kernel
+  takes with the thread off the CPU (a thread that is running or runnable
+  says "running"): the sample's instant, however short the sleep;
+- a task iterator, one link per thread, then gives the rest of the user
+  registers saved at that entry to the kernel (rbp) and its kernel stack;
+  they are the sleep's when its sp and pc are the ones /proc gave;
+- its user stack is walked here from /proc/PID/mem with the unwind tables
+  (unwind.Unwinder.walk: the rules probes/unwind.h walks by in BPF).
+
+Each kept sample stands for the time since the previous look. A thread's total
+off-CPU time is exact, from schedstat (time since attaching minus the time it
+ran); of it, the run delay is its wait for a CPU (ThreadInfo.runnable_ns, and
+the stack `[runnable]`), and its sampled stacks split the rest, scaled to add
+up to it (offcpu.to_totals).
+
+A sample in futex(2) with a wait operation (orig_ax, di = the word, si = the
+operation) samples a wait on that word. Its ns are estimated as the stacks' are
+(scaled with the thread's), and `waits` counts the waits seen: consecutive
+samples of one thread on one word with no run in between are one wait. That
+is a lower bound: a wait shorter than a look's interval is seen with a
+probability of its length over the interval. Exact counts take --offcpu-hz 0
+(kvprof.collect.offcpu: every switch timed, at a cost at every switch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, source
+from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
+from kvprof.collect.overhead import Program as AttachedProgram
+from kvprof.collect.symbols import DataNames, Symbolizer
+from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
+from kvprof.model.profile import RUNNABLE_FRAME, Profile
+
+KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
+RECORD = struct.Struct(f"<QQQQQQq{KFRAMES}Q")  # struct offsample_rec
+STACK_READ = 16384  # bytes of a sleeping thread's stack read at once, from its saved sp
+SYS_FUTEX = 202  # x86-64
+# futex(2) operations that put the caller to sleep (op & FUTEX_CMD_MASK): WAIT,
+# LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
+FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
+FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+
+
+@dataclass
+class _Thread:
+    tid: int
+    syscall: int  # open /proc/PID/task/TID/syscall and schedstat, read again with pread
+    schedstat: int
+    first: tuple[int, int, int]  # when first seen: (monotonic ns, ns run, ns waited for a CPU)
+    last: tuple[int, int, int]  # at the last look
+    link: int = -1  # its iterator link, -1 while paused
+    runs: int = 0  # times it was switched in, at the last look
+    wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
+
+
+@dataclass
+class _Snapshot(OffCpuSnapshot):
+    looks: int = 0
+    samples: int = 0
+    failed: int = 0  # samples not taken: a thread gone between the reads, or no iterator
+
+
+def _pread_text(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode(errors="replace")
+
+
+def _schedstat(fd: int, now: int) -> tuple[tuple[int, int, int], int]:
+    """((now, ns run, ns waited for a CPU), times switched in) from an open schedstat."""
+    run, delay, count = (int(x) for x in _pread_text(fd).split())
+    return (now, run, delay), count
+
+
+class OffSampleCollector(BpfCollector):
+    name = "offcpu"
+    empty = _Snapshot
+
+    def __init__(self, pid: int, opts: CollectOptions) -> None:
+        super().__init__(pid, opts)
+        self.unwinder = Unwinder(pid)
+        self.symbols = Symbolizer(pid, self.unwinder, opts.inline)
+        self.names = ThreadNames(pid)
+        self._data = DataNames(pid)
+        self._threads: dict[int, _Thread] = {}
+        self._gone: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}  # tid -> (first, last)
+        # (tid, user ips, why the walk stopped, kernel ips) -> sampled ns;
+        # futex: (tid, word, ips, why) -> [waits, ns]
+        self._stacks: dict[tuple[int, tuple[int, ...], str, tuple[int, ...]], int] = defaultdict(int)
+        self._futex: dict[tuple[int, int, tuple[int, ...], str], list[int]] = {}
+        self._looks = self._samples = self._failed = 0
+        self._lock = threading.Lock()
+        self._sampling = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mem = -1
+        self._fn_fd = -1
+
+    def program(self) -> Program:
+        if not self.opts.offcpu_hz:
+            raise CollectError("offcpu: sampling needs --offcpu-hz above 0")
+        return Program(self.name, source("offsample").read_text(), [f"-DOFFSAMPLE_KFRAMES={KFRAMES}"])
+
+    def program_names(self, module: Module) -> list[str]:
+        return ["bpf_iter__task"]  # BCC's name for a task iterator's function
+
+    def attached_programs(self) -> list[AttachedProgram]:
+        """None for the own-cost figure: the iterator runs in kvprof's own thread, when it
+        reads, so its time is in kvprof's own CPU, not in the target's threads."""
+        return []
+
+    def _attach(self, module: Module) -> None:
+        from bcc import BPF
+
+        self.names.refresh()
+        self.symbols.warm()
+        # the module's one Unwinder (oncpu's, when it is in the module): its tables, walked here
+        self.unwinder = module.shared.setdefault("unwinder", self.unwinder)
+        self.symbols.unwinder = self.unwinder
+        try:
+            self.unwinder.prepare()
+            self._mem = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY)
+        except OSError as e:
+            raise CollectError(f"offcpu: cannot read the target's maps or memory ({e.strerror})") from None
+        self._fn_fd = module.bpf.load_func(b"bpf_iter__task", BPF.TRACING).fd
+        self._look(time.monotonic_ns(), 0)  # every thread's start
+        try:
+            self._link_all()
+        except OSError as e:
+            raise CollectError(f"offcpu: cannot attach a task iterator to the target ({e})") from None
+        if not self._threads:
+            raise CollectError(f"offcpu: process {self.pid} has no threads left")
+        self._sampling.set()
+        self._thread = threading.Thread(target=self._run, name="kvprof-offsample", daemon=True)
+        self._thread.start()
+
+    def _hook(self, module: Module) -> None:
+        with self._lock:
+            try:
+                self._link_all()
+            except OSError:  # counted as sample errors from now on
+                pass
+        self._sampling.set()
+
+    def _link_all(self) -> None:
+        """Every thread's iterator link (one per thread, so that a paused kvprof holds none)."""
+        for th in self._threads.values():
+            self._link(th)
+
+    def refresh(self) -> None:
+        """Read what was mapped since (libraries opened late): their frames can be walked."""
+        with self._lock:
+            try:
+                self.unwinder.prepare()
+            except OSError:  # the target is gone
+                pass
+
+    def _detach(self) -> None:
+        """Stop looking and drop the links (a paused kvprof holds no attachment)."""
+        self._sampling.clear()
+        with self._lock:
+            for th in self._threads.values():
+                if th.link >= 0:
+                    os.close(th.link)
+                    th.link = -1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sampling.set()  # wake a paused loop so that it sees the stop
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        super().close()
+        with self._lock:
+            for th in self._threads.values():
+                os.close(th.syscall)
+                os.close(th.schedstat)
+            self._threads.clear()
+        if self._mem >= 0:
+            os.close(self._mem)
+            self._mem = -1
+
+    # ---- the looks, in kvprof's sampling thread ------------------------------------
+
+    def _run(self) -> None:
+        period = 1e9 / self.opts.offcpu_hz
+        last = time.monotonic_ns()
+        while not self._stop.is_set():
+            self._stop.wait(max(0.0, (last + period - time.monotonic_ns()) / 1e9))
+            self._sampling.wait()
+            if self._stop.is_set():
+                return
+            now = time.monotonic_ns()
+            with self._lock:
+                self._look(now, min(now - last, int(2 * period)))  # a pause is not a sample's time
+            last = now
+
+    def _look(self, now: int, weight: int) -> None:
+        """Look at every thread once; each sleeping thread's sample counts `weight` ns."""
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+        except OSError:  # the target is gone
+            tids = set()
+        for tid in [t for t in self._threads if t not in tids]:
+            self._forget(tid)
+        self._looks += bool(weight)
+        for tid in tids:
+            th = self._threads.get(tid) or self._new(tid, now)
+            if th is None:
+                continue
+            try:
+                th.last, th.runs = _schedstat(th.schedstat, now)
+                call = _pread_text(th.syscall).split() if weight else ["running"]
+            except (OSError, ValueError):  # gone meanwhile
+                self._forget(tid)
+                continue
+            if call and call[0] != "running":
+                try:
+                    self._sample(th, call, weight)
+                except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
+                    self._failed += 1
+
+    def _new(self, tid: int, now: int) -> _Thread | None:
+        try:
+            call = os.open(f"/proc/{self.pid}/task/{tid}/syscall", os.O_RDONLY)
+            sched = os.open(f"/proc/{self.pid}/task/{tid}/schedstat", os.O_RDONLY)
+            first, runs = _schedstat(sched, now)
+        except (OSError, ValueError):
+            return None
+        th = self._threads[tid] = _Thread(tid, call, sched, first, first, runs=runs)
+        if self._sampling.is_set():
+            try:
+                self._link(th)
+            except OSError:  # counted as sample errors, when it sleeps
+                pass
+        return th
+
+    def _forget(self, tid: int) -> None:
+        th = self._threads.pop(tid)
+        self._gone[tid] = (th.first, th.last)
+        for fd in (th.syscall, th.schedstat, th.link):
+            if fd >= 0:
+                os.close(fd)
+
+    def _link(self, th: _Thread) -> int:
+        if th.link < 0:
+            from bcc import libbcc
+
+            attach = libbcc.lib.bcc_iter_attach
+            attach.restype, attach.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+            info = struct.pack("IIII", th.tid, 0, 0, 0)  # union bpf_iter_link_info: task {tid, pid, pid_fd}
+            th.link = attach(self._fn_fd, ctypes.create_string_buffer(info, len(info)), len(info))
+            if th.link < 0:
+                raise OSError(-th.link, "bcc_iter_attach")
+        return th.link
+
+    def _sample(self, th: _Thread, call: list[str], weight: int) -> None:
+        """One sample of a thread asleep: `call` is its /proc syscall line ("nr args... sp pc",
+        "-1 sp pc" asleep outside a system call)."""
+        from bcc import libbcc
+
+        nr, sp, pc = int(call[0]), int(call[-2], 16), int(call[-1], 16)
+        args = [int(a, 16) for a in call[1:-2]]
+        fd = libbcc.lib.bcc_iter_create(self._link(th))
+        if fd < 0:
+            raise OSError(-fd, "bcc_iter_create")
+        try:
+            data = os.read(fd, RECORD.size)
+        finally:
+            os.close(fd)
+        bp, kernel = 0, ()
+        if len(data) == RECORD.size:
+            _, _, _, rsp, rip, rbp, kbytes, *kstack = RECORD.unpack(data)
+            if (rsp, rip) == (sp, pc):  # the same entry to the kernel: the sleep's registers
+                bp, kernel = rbp, tuple(kstack[: max(0, kbytes) // 8])
+        stack = self._stack(sp)
+        try:
+            ran = _schedstat(th.schedstat, 0)[1] != th.runs
+        except (OSError, ValueError):
+            ran = True
+        ips: tuple[int, ...]
+        if ran:  # it woke and ran since the sample: its stack may have changed under the read
+            ips, why = (pc,), "stack not readable"
+        else:
+            ips, why = self._walk(pc, sp, bp, stack)
+        self._samples += 1
+        self._stacks[(th.tid, ips, why, kernel)] += weight
+        if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
+            word = args[0]
+            entry = self._futex.setdefault((th.tid, word, ips, why), [0, 0])
+            entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
+            entry[1] += weight
+            th.wait = (word, th.runs)
+
+    def _stack(self, sp: int) -> bytes:
+        """STACK_READ bytes of the target's memory from sp on (b"": not readable)."""
+        try:
+            return os.pread(self._mem, STACK_READ, sp) if sp else b""
+        except (OSError, OverflowError):
+            return b""
+
+    def _walk(self, ip: int, sp: int, bp: int, stack: bytes) -> tuple[tuple[int, ...], str]:
+        """The user stack from these registers; `stack`: the memory from sp on, read at once."""
+        if not ip or not sp:
+            return (), "root"
+
+        def read(addr: int) -> int | None:
+            if sp <= addr and addr + 8 <= sp + len(stack):
+                return int.from_bytes(stack[addr - sp : addr - sp + 8], "little")
+            try:
+                word = os.pread(self._mem, 8, addr)
+            except (OSError, OverflowError):
+                return None
+            return int.from_bytes(word, "little") if len(word) == 8 else None
+
+        ips, why = self.unwinder.walk(ip, sp, bp, read)
+        return tuple(ips[:UNWIND_FRAMES]), why
+
+    # ---- what the looks add up to ----------------------------------------------------
+
+    def _read(self) -> _Snapshot:
+        self.names.refresh()
+        now = time.monotonic_ns()
+        with self._lock:
+            for th in self._threads.values():  # the totals up to now, not to the last look
+                try:
+                    th.last, th.runs = _schedstat(th.schedstat, now)
+                except (OSError, ValueError):
+                    pass
+            stacks = dict(self._stacks)
+            futex = {k: list(v) for k, v in self._futex.items()}
+            spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
+            looks, samples, failed = self._looks, self._samples, self._failed
+        offcpu_ns: dict[int, int] = {}
+        runnable_ns: dict[int, int] = {}
+        for tid, ((t0, run0, delay0), (t1, run1, delay1)) in spans.items():
+            off = max(0, (t1 - t0) - (run1 - run0))
+            if off:
+                offcpu_ns[tid] = off
+                runnable_ns[tid] = min(off, max(0, delay1 - delay0))
+        sampled: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
+        for (tid, ips, why, kernel), ns in stacks.items():
+            sampled[(tid, self._frames(ips, why, kernel))] += ns
+        asleep = {tid: off - runnable_ns[tid] for tid, off in offcpu_ns.items()}
+        scaled = to_totals(sampled, asleep)
+        scale = _scales(sampled, scaled)
+        for tid, ns in runnable_ns.items():
+            if ns:
+                scaled[(tid, (RUNNABLE_FRAME,))] = ns
+        waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
+        for (tid, word, ips, why), (n, ns) in futex.items():
+            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0])
+            w[0] += n
+            w[1] += round(ns * scale.get(tid, 1.0))
+        tids = set(offcpu_ns) | {tid for tid, _ in sampled}
+        off_stacks, futex_waits = as_lists(scaled, waits, self._data)
+        return _Snapshot(
+            stacks=off_stacks,
+            futex=futex_waits,
+            offcpu_ns=offcpu_ns,
+            runnable_ns=runnable_ns,
+            names={tid: self.names.get(tid) for tid in tids},
+            looks=looks,
+            samples=samples,
+            failed=failed,
+        )
+
+    def _frames(self, ips: tuple[int, ...], why: str, kernel: tuple[int, ...]) -> tuple[str, ...]:
+        user = self.symbols.unwound(list(ips), why) if ips else []
+        return (*user, *self.symbols.kernel_stack(list(kernel)))
+
+    def contribute(self, profile: Profile) -> None:
+        snap = self.latest()
+        put(profile, snap)
+        counters = profile.status.counters
+        counters["offcpu.looks"] = snap.looks
+        counters["offcpu.samples"] = snap.samples
+        counters["offcpu.sample_errors"] = snap.failed
+        counters["offcpu.futex_waits"] = sum(f.waits for f in snap.futex)
+        profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
+
+
+def _scales(
+    sampled: dict[tuple[int, tuple[str, ...]], int], scaled: dict[tuple[int, tuple[str, ...]], int]
+) -> dict[int, float]:
+    """tid -> the factor to_totals scaled that thread's stacks by."""
+    before: dict[int, int] = defaultdict(int)
+    after: dict[int, int] = defaultdict(int)
+    for key, ns in sampled.items():
+        before[key[0]] += ns
+        after[key[0]] += scaled[key]
+    return {tid: after[tid] / ns for tid, ns in before.items() if ns}
