@@ -51,6 +51,9 @@ KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
 GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
 # collectors that walk and symbolize stacks: their maps take most of a read
 STACK_COLLECTORS = ("oncpu", "offcpu", "regsample")
+# offcpu's per-thread totals run up to the moment it is read (kvprof.collect.offsample):
+# it is read first at a window's end and last at its start, next to the window's edges.
+READ_AT_THE_EDGES = ("offcpu",)
 NO_BPF = ("pyspy", "perf")  # modules that run a program beside the target instead of loading BPF
 PERF_ONLY = "not run: --backend perf takes on-CPU stacks only"
 
@@ -462,8 +465,11 @@ class Session:
         # The probe collectors' maps are small and read in milliseconds; the
         # stack collectors symbolize thousands of frames. The probe maps are
         # read right next to the moment the target's own stats are read:
-        # last when the window starts (the base), first when it ends (finish).
-        stacks_last = sorted(active, key=lambda c: c.name in STACK_COLLECTORS)
+        # last when the window starts (the base), first when it ends (finish),
+        # but for READ_AT_THE_EDGES, read at the window's very edges.
+        stacks_last = sorted(
+            active, key=lambda c: -1 if c.name in READ_AT_THE_EDGES else c.name in STACK_COLLECTORS
+        )
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
         return profile
