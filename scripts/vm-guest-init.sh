@@ -156,11 +156,14 @@ kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvlo
 
 # A short second recording with the stack collectors (on-CPU, off-CPU, futex
 # waits): the host checks that none of the guest kernel's BPF frames reaches a
-# stack (tests/test_vm.py). As for the first, the load stops while it compiles.
+# stack (tests/test_vm.py). Off-CPU with every switch timed (--offcpu-hz 0): its
+# stacks are taken inside BPF, on sched_switch, and every futex wait is counted
+# (the sampled default takes them from outside, and may see none in 3 s). As for
+# the first, the load stops while it compiles.
 kill "$LOAD" 2>/dev/null
 wait "$LOAD" 2>/dev/null || true
 t=$EPOCHREALTIME
-python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" --collectors oncpu,offcpu \
+python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" --collectors oncpu,offcpu --offcpu-hz 0 \
     >"$OUT/record-stacks.log" 2>&1 &
 REC=$!
 for _ in $(seq 600); do

@@ -91,7 +91,7 @@ def test_on_create_item_line_crosses_sockets_both_ways(profile: Profile) -> None
 
 
 def test_no_bpf_frame_in_the_guests_stacks(vm_out: Path) -> None:
-    """The guest's second recording (on-CPU, off-CPU, futex waits under load): the
+    """The guest's second recording (on-CPU, off-CPU timed at every switch, futex waits under load): the
     guest kernel's tracing machinery and BPF programs are cut from every stack."""
     path = vm_out / "stacks.json"
     assert path.is_file(), f"the guest wrote no stacks.json; see {vm_out / 'record-stacks.log'}"
