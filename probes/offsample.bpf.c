@@ -1,10 +1,11 @@
 // Off-CPU samples of one thread: a task iterator that kvprof/collect/offsample.py
 // runs a few times a second for each sleeping thread of the target (one
 // iterator link per thread: its link info names the thread). It writes the
-// user registers saved at the thread's entry to the kernel (bpf_task_pt_regs:
-// the syscall it sleeps in and its arguments, and where its user stack is)
-// and its kernel stack (bpf_get_task_stack). Nothing runs at the target's
-// switches: the cost is the reads, when kvprof makes them.
+// user sp, ip and bp saved at the thread's entry to the kernel
+// (bpf_task_pt_regs; /proc gives the system call and its arguments, and sp
+// and ip say whether these registers are that call's) and its kernel stack
+// (bpf_get_task_stack). Nothing runs at the target's switches: the cost is
+// the reads, when kvprof makes them.
 //
 // The user stack is walked in userspace (kvprof/collect/unwind.py, walk()):
 // an iterator is not sleepable under BCC's loader, so it cannot read another
@@ -40,9 +41,6 @@ struct bpf_iter__task {
 
 // One record per thread and run; the layout of RECORD in offsample.py.
 struct offsample_rec {
-    u64 orig_ax;  // the syscall it entered the kernel for (-1: an interrupt or a fault)
-    u64 di;       // its first argument (futex: the word)
-    u64 si;       // its second (futex: the operation)
     u64 sp;
     u64 ip;
     u64 bp;
@@ -62,10 +60,7 @@ BPF_ITER(task)
     if (!r)
         return 0;
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-    if (bpf_probe_read_kernel(&r->orig_ax, sizeof(r->orig_ax), &regs->orig_ax) ||
-        bpf_probe_read_kernel(&r->di, sizeof(r->di), &regs->di) ||
-        bpf_probe_read_kernel(&r->si, sizeof(r->si), &regs->si) ||
-        bpf_probe_read_kernel(&r->sp, sizeof(r->sp), &regs->sp) ||
+    if (bpf_probe_read_kernel(&r->sp, sizeof(r->sp), &regs->sp) ||
         bpf_probe_read_kernel(&r->ip, sizeof(r->ip), &regs->ip) ||
         bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp))
         return 0;

@@ -23,13 +23,14 @@ ran); of it, the run delay is its wait for a CPU (ThreadInfo.runnable_ns, and
 the stack `[runnable]`), and its sampled stacks split the rest, scaled to add
 up to it (offcpu.to_totals).
 
-A sample in futex(2) with a wait operation (orig_ax, di = the word, si = the
-operation) samples a wait on that word. Its ns are estimated as the stacks' are
-(scaled with the thread's), and `waits` counts the waits seen: consecutive
-samples of one thread on one word with no run in between are one wait. That
-is a lower bound: a wait shorter than a look's interval is seen with a
-probability of its length over the interval. Exact counts take --offcpu-hz 0
-(kvprof.collect.offcpu: every switch timed, at a cost at every switch).
+A sample in futex(2) with a wait operation (from /proc: the call's number, its
+first argument the word, its second the operation) samples a wait on that
+word. Its ns are estimated as the stacks' are (scaled with the thread's), and
+`waits` counts the waits seen: consecutive samples of one thread on one word
+with no run in between are one wait. That is a lower bound: a wait shorter
+than a look's interval is seen with a probability of its length over the
+interval. Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every
+switch timed, at a cost at every switch).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
 from kvprof.model.profile import RUNNABLE_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
-RECORD = struct.Struct(f"<QQQQQQq{KFRAMES}Q")  # struct offsample_rec
+RECORD = struct.Struct(f"<QQQq{KFRAMES}Q")  # struct offsample_rec
 STACK_READ = 16384  # bytes of a sleeping thread's stack read at once, from its saved sp
 SYS_FUTEX = 202  # x86-64
 # futex(2) operations that put the caller to sleep (op & FUTEX_CMD_MASK): WAIT,
@@ -287,7 +288,7 @@ class OffSampleCollector(BpfCollector):
             os.close(fd)
         bp, kernel = 0, ()
         if len(data) == RECORD.size:
-            _, _, _, rsp, rip, rbp, kbytes, *kstack = RECORD.unpack(data)
+            rsp, rip, rbp, kbytes, *kstack = RECORD.unpack(data)
             if (rsp, rip) == (sp, pc):  # the same entry to the kernel: the sleep's registers
                 bp, kernel = rbp, tuple(kstack[: max(0, kbytes) // 8])
         stack = self._stack(sp)
