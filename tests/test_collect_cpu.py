@@ -23,7 +23,7 @@ from support import bpf_frames, collecting, our_bpf_fds, snapshot, stop_contend
 
 from kvprof.collect import OFFCPU_HZ, CollectOptions
 from kvprof.model.delta import delta
-from kvprof.model.profile import Profile
+from kvprof.model.profile import RUNNABLE_FRAME, Profile
 from kvprof.model.topology import parse_cpulist
 from kvprof.system.servers import Server, kvload_binary
 
@@ -165,9 +165,11 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
     assert not bpf_frames(profile), "the BPF program's own frames are not the target's"
     by_thread: Counter[int] = Counter()
     stacks: Counter[int] = Counter()
+    slept: Counter[int] = Counter()  # sampled asleep: stacks other than the wait for a CPU
     for st in profile.offcpu.stacks:
         by_thread[st.tid] += st.ns
         stacks[st.tid] += 1
+        slept[st.tid] += st.frames != [RUNNABLE_FRAME]
     workers = [int(t) for t, i in profile.threads.items() if i.name.startswith("kv-worker")]
     assert len(workers) == 2
     assert any(by_thread[tid] for tid in workers), "no off-CPU stack for either worker"
@@ -178,7 +180,9 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
             assert 0 <= profile.threads[str(tid)].runnable_ns <= total
         if sample == 1:
             assert by_thread[tid] == total
-        elif by_thread[tid]:  # a thread none of whose periods was drawn has no stack
+        elif by_thread[tid] and (sample >= 0 or slept[tid]):
+            # a thread none of whose periods was drawn has no stack; sampled, one that no
+            # look found asleep has only its [runnable] stack, and its sleep no stack
             assert abs(by_thread[tid] - total) <= stacks[tid], (by_thread[tid], total)
 
 
