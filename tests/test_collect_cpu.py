@@ -23,7 +23,7 @@ from support import bpf_frames, collecting, our_bpf_fds, snapshot, stop_contend
 
 from kvprof.collect import OFFCPU_HZ, CollectOptions
 from kvprof.model.delta import delta
-from kvprof.model.profile import RUNNABLE_FRAME, Profile
+from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 from kvprof.model.topology import parse_cpulist
 from kvprof.system.servers import Server, kvload_binary
 
@@ -148,7 +148,8 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
     with 1 nothing is scaled. The profile says the n: the one given, or the
     switch-outs per draw, more than one for a server under load. -1: sampled
     (record's default); the totals come from schedstat and the wait for a CPU
-    is its own stack, so the stacks add up to the total the same way."""
+    is its own stack, and a sleep no look saw is under [asleep, not sampled], so
+    every thread's stacks add up to its total the same way."""
     server = kvcached_factory("-t", "2")
     with collecting(server.pid, offcpu_sample=max(0, sample), offcpu_hz=OFFCPU_HZ if sample < 0 else 0) as (
         collectors,
@@ -165,11 +166,11 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
     assert not bpf_frames(profile), "the BPF program's own frames are not the target's"
     by_thread: Counter[int] = Counter()
     stacks: Counter[int] = Counter()
-    slept: Counter[int] = Counter()  # sampled asleep: stacks other than the wait for a CPU
     for st in profile.offcpu.stacks:
         by_thread[st.tid] += st.ns
         stacks[st.tid] += 1
-        slept[st.tid] += st.frames != [RUNNABLE_FRAME]
+        if sample >= 0:
+            assert st.frames not in ([RUNNABLE_FRAME], [UNSAMPLED_FRAME]), "timed at every switch"
     workers = [int(t) for t, i in profile.threads.items() if i.name.startswith("kv-worker")]
     assert len(workers) == 2
     assert any(by_thread[tid] for tid in workers), "no off-CPU stack for either worker"
@@ -180,9 +181,7 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
             assert 0 <= profile.threads[str(tid)].runnable_ns <= total
         if sample == 1:
             assert by_thread[tid] == total
-        elif by_thread[tid] and (sample >= 0 or slept[tid]):
-            # a thread none of whose periods was drawn has no stack; sampled, one that no
-            # look found asleep has only its [runnable] stack, and its sleep no stack
+        elif by_thread[tid] or sample < 0:  # timed at every switch, one with no period drawn has no stack
             assert abs(by_thread[tid] - total) <= stacks[tid], (by_thread[tid], total)
 
 

@@ -21,7 +21,9 @@ Each kept sample stands for the time since the previous look. A thread's total
 off-CPU time is exact, from schedstat (time since attaching minus the time it
 ran); of it, the run delay is its wait for a CPU (ThreadInfo.runnable_ns, and
 the stack `[runnable]`), and its sampled stacks split the rest, scaled to add
-up to it (offcpu.to_totals).
+up to it (offcpu.to_totals); a thread that slept but was never seen asleep
+(its sleeps all fell between looks) has the rest under `[asleep, not
+sampled]`, so that every thread's stacks add up to its total.
 
 A sample in futex(2) with a wait operation (from /proc: the call's number, its
 first argument the word, its second the operation) samples a wait on that
@@ -49,7 +51,7 @@ from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.symbols import DataNames, Symbolizer
 from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
-from kvprof.model.profile import RUNNABLE_FRAME, Profile
+from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
 RECORD = struct.Struct(f"<QQQq{KFRAMES}Q")  # struct offsample_rec
@@ -365,6 +367,9 @@ class OffSampleCollector(BpfCollector):
         for tid, ns in runnable_ns.items():
             if ns:
                 scaled[(tid, (RUNNABLE_FRAME,))] = ns
+        for tid in set(asleep) - {tid for tid, _ in sampled}:
+            if asleep[tid]:
+                scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
         for (tid, word, ips, why), (n, ns) in futex.items():
             w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0])

@@ -101,6 +101,8 @@ class OffCpuStack:
 
 # The one frame of a sampled thread's wait for a CPU (kvprof.collect.offsample): runnable, not asleep.
 RUNNABLE_FRAME = "[runnable]"
+# ... and of the sleep of a sampled thread that no look found asleep: time known, place not.
+UNSAMPLED_FRAME = "[asleep, not sampled]"
 
 
 @dataclass
@@ -256,6 +258,7 @@ class Overhead:
     target_cpu_s: float = 0.0  # the target's utime + stime
     kvprof_cpu_s: float = 0.0  # the kvprof process's (record or top), map reads included
     uprobe_hit_ns: float = 0.0  # what the kernel adds per uprobe hit beyond the program
+    sample_interrupt_ns: float = 0.0  # what a cpu-clock sample on the target costs beyond the program
     programs: list[ProgramCost] = field(default_factory=list)
 
 
