@@ -20,7 +20,9 @@ without (measured with BCC's `profile`, whose own cost is 1 %). Each `record` wi
 kvprof's own-cost figure (kvprof.analysis.own_cost), printed beside the loss
 measured in that pair, and where the cost went: events per second and ns per
 event of each collector's programs, uprobe traps counted at
-kvprof.collect.UPROBE_HIT_NS (bench/probe_cost.py measures it).
+kvprof.collect.UPROBE_HIT_NS (bench/probe_cost.py measures it) and samples
+on the target at kvprof.collect.SAMPLE_INTERRUPT_NS (this bench measures it:
+`record:oncpu@--hz@999` beside `record:oncpu`, docs/record.md).
 
 **The tool resident, toggled (`--mode toggle`)**: the same server and load,
 each tool attached once, then windows of 1 s (`--seconds`) alternating A B /
@@ -652,7 +654,8 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
 
 
 def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
-    """Per collector over the record windows: events/s, BPF ns per event, trap and BPF ms/s, share
+    """Per collector over the record windows: events/s, BPF ns per event, BPF and kernel
+    (uprobe traps, sampling interrupts) ms/s, share
     (`on_share`: the part of the window its programs were attached, toggle_windows())."""
     rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for p in profiles:
@@ -662,16 +665,17 @@ def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
         s = max(p.overhead.window_s * on_share, 1e-9)
         for r in cost.rows:
             rows.setdefault(r.collector, []).append(
-                (r.events_per_s / on_share, r.ns_per_event, r.bpf_ns / s / 1e6, r.trap_ns / s / 1e6,
-                 r.share / on_share)
+                (r.events_per_s / on_share, r.ns_per_event, r.bpf_ns / s / 1e6,
+                 (r.trap_ns + r.interrupt_ns) / s / 1e6, r.share / on_share)
             )  # fmt: skip
-    hit = profiles[0].overhead.uprobe_hit_ns
-    print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {hit:.0f} ns per hit):")
-    print(f"{'collector':<12} {'events/s':>10} {'BPF ns/event':>12} {'BPF ms/s':>9} {'traps ms/s':>10} "
+    o = profiles[0].overhead
+    print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {o.uprobe_hit_ns:.0f} ns "
+          f"per hit, samples on the target at {o.sample_interrupt_ns:,.0f} ns):")  # fmt: skip
+    print(f"{'collector':<12} {'events/s':>10} {'BPF ns/event':>12} {'BPF ms/s':>9} {'kernel ms/s':>11} "
           f"{'share':>7}")  # fmt: skip
     for name, vals in sorted(rows.items(), key=lambda kv: -statistics.median(v[4] for v in kv[1])):
         m = [statistics.median(v[k] for v in vals) for k in range(5)]
-        print(f"{name:<12} {m[0]:>10,.0f} {m[1]:>12,.0f} {m[2]:>9.2f} {m[3]:>10.2f} {m[4]:>7.2%}")
+        print(f"{name:<12} {m[0]:>10,.0f} {m[1]:>12,.0f} {m[2]:>9.2f} {m[3]:>11.2f} {m[4]:>7.2%}")
 
 
 # ---- the tool resident, toggled: windows a second apart ---------------------------

@@ -416,6 +416,10 @@ def test_profile_says_what_kvprof_cost(kvcached_factory: Callable[..., Server], 
     # stretches the BPF programs' run time, so the bound leaves room for that and no more
     assert 0.001 < cost.share < 0.12, cost
     assert any(r.collector == "cachelines" and r.fired_by == "uprobe" for r in cost.rows)
+    # the samplers' interrupts are counted for the samples that landed on the busy target
+    assert cost.interrupt_share > 0 and all(
+        r.interrupt_ns == 0 for r in cost.rows if r.fired_by != "perf_event"
+    )
     assert cost.process_share > 0  # kvprof's own CPU: its reads, the offcpu looks among them
     text = subprocess.run([*KVPROF, "report", str(out)], capture_output=True, text=True, check=True).stdout
     assert "KVPROF'S OWN COST" in text

@@ -114,6 +114,11 @@ TOP_INTERVAL_S = 2.0
 # its return), for kvprof's own-cost figure: bench/probe_cost.py measures it
 # on a machine, docs/record.md has the figures.
 UPROBE_HIT_NS = 600
+# What one cpu-clock sample that interrupts the target costs its throughput beyond the
+# program it runs (the interrupt, on this VM's hypervisor, and the stall of a contended
+# pipeline), for the same figure: bench/overhead.py measures it from the loss at a high
+# --hz against the default, docs/record.md ("Own cost") has the figures.
+SAMPLE_INTERRUPT_NS = 115_000
 
 
 @dataclass

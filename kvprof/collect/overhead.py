@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprof.collect import UPROBE_HIT_NS
+from kvprof.collect import SAMPLE_INTERRUPT_NS, UPROBE_HIT_NS
 from kvprof.model.profile import Overhead, ProgramCost
 
 SYS_BPF = 321  # x86-64
@@ -121,6 +121,7 @@ class Meter:
             target_cpu_s=round(max(0.0, now.target_cpu_s - base.target_cpu_s), 3),
             kvprof_cpu_s=round(max(0.0, now.kvprof_cpu_s - base.kvprof_cpu_s), 3),
             uprobe_hit_ns=UPROBE_HIT_NS,
+            sample_interrupt_ns=SAMPLE_INTERRUPT_NS,
             programs=costs,
         )
 

@@ -530,19 +530,21 @@ def _own_cost_lines(profile: Profile) -> list[str]:
     if not cost.measured:
         out.append("BPF run time not measured (BPF statistics could not be turned on)")
     out += _wrap(
-        f"BPF programs {cost.bpf_share:.1%} and uprobe traps {cost.trap_share:.1%} of the target's CPU "
-        f"time, the kvprof process {cost.process_share:.1%} of the machine's (docs/record.md, Overhead)",
+        f"BPF programs {cost.bpf_share:.1%}, uprobe traps {cost.trap_share:.1%} and sampling interrupts "
+        f"{cost.interrupt_share:.1%} of the target's CPU time, the kvprof process {cost.process_share:.1%} "
+        "of the machine's (docs/record.md, Overhead)",
         "",
     )
     width = max([12] + [len(r.collector) + 2 for r in cost.rows])  # "oncpu+regsample" is longer
     out.append(
         f"{'collector':<{width}}{'fired by':<12}{'events/s':>10}{'ns/event':>10}{'BPF ms/s':>10}"
-        f"{'traps ms/s':>11}{'share':>8}"
+        f"{'kernel ms/s':>12}{'share':>8}"
     )
     seconds = max(profile.overhead.window_s, 1e-9)
     for r in cost.rows:
         out.append(
             f"{r.collector:<{width}}{r.fired_by:<12}{r.events_per_s:>10,.0f}{r.ns_per_event:>10,.0f}"
-            f"{r.bpf_ns / seconds / 1e6:>10.2f}{r.trap_ns / seconds / 1e6:>11.2f}{r.share * 100:>7.2f}%"
+            f"{r.bpf_ns / seconds / 1e6:>10.2f}{(r.trap_ns + r.interrupt_ns) / seconds / 1e6:>12.2f}"
+            f"{r.share * 100:>7.2f}%"
         )
     return out
