@@ -31,7 +31,9 @@ window (Toggle says how, per tool; record and top pause their programs on
 SIGUSR1 and resume them on SIGUSR2, with no compile between). The windows of
 a pair are seconds apart, with no compile between them, so the host's moves
 of the vCPUs land on both sides alike; `--pairs 60` or more resolves a few
-percent (`none` is the method's control again).
+percent (`none` is the method's control again). After a record tool's pairs,
+the same tool records for FIGURE_S seconds without a pause, and that
+profile's own-cost figure is the one printed beside the loss.
 
 **Two servers side by side (`--mode pair`)**, the first design, below: it
 compares two servers that both pay what the tool costs the machine (the
@@ -653,20 +655,19 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
         server.log_path.unlink(missing_ok=True)
 
 
-def where_it_goes(profiles: list[Profile], on_share: float = 1.0) -> None:
+def where_it_goes(profiles: list[Profile]) -> None:
     """Per collector over the record windows: events/s, BPF ns per event, BPF and kernel
-    (uprobe traps, sampling interrupts) ms/s, share
-    (`on_share`: the part of the window its programs were attached, toggle_windows())."""
+    (uprobe traps, sampling interrupts) ms/s, share."""
     rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for p in profiles:
         cost = own_cost(p)
         if cost is None:
             continue
-        s = max(p.overhead.window_s * on_share, 1e-9)
+        s = max(p.overhead.window_s, 1e-9)
         for r in cost.rows:
             rows.setdefault(r.collector, []).append(
-                (r.events_per_s / on_share, r.ns_per_event, r.bpf_ns / s / 1e6,
-                 (r.trap_ns + r.interrupt_ns) / s / 1e6, r.share / on_share)
+                (r.events_per_s, r.ns_per_event, r.bpf_ns / s / 1e6, (r.trap_ns + r.interrupt_ns) / s / 1e6,
+                 r.share)
             )  # fmt: skip
     o = profiles[0].overhead
     print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {o.uprobe_hit_ns:.0f} ns "
@@ -684,6 +685,7 @@ PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
 SYS_PIDFD_GETFD = 438  # the same number on x86_64 and on the generic table (arm64)
 PAUSE_STABLE_S = 1.0  # a first pause is whole once its attachment count held this long
 ATTACHMENTS = ("anon_inode:[perf_event]", "anon_inode:bpf_link", "anon_inode:bpf-raw-tracepoint")
+FIGURE_S = 5.0  # after a record tool's pairs, a recording this long without a pause gives its own-cost figure
 SETTLE_S = 1.0  # default --settle: after a toggle, before the window (the tool's catch-up, the last hits)
 
 
@@ -730,23 +732,12 @@ class Toggle:
         self.fds = perf_event_fds(self.pid) if self.tool.startswith("bcc-profile") and self.pid else []
         self.attached_count = self._attachments() if self.pid else 0
         self.paused_count: int | None = None  # what a whole pause leaves: learnt at the first
-        self.on_since: float | None = time.monotonic()
-        self.on_s = 0.0  # seconds on, since attached
+        self.on = True
 
     def set(self, on: bool) -> None:
-        if on == (self.on_since is not None):
-            return
-        if on:
-            self._switch(True)
-            self.on_since = time.monotonic()
-        else:
-            assert self.on_since is not None
-            self.on_s += time.monotonic() - self.on_since
-            self.on_since = None
-            self._switch(False)
-
-    def total_on_s(self) -> float:
-        return self.on_s + (time.monotonic() - self.on_since if self.on_since is not None else 0.0)
+        if on != self.on:
+            self._switch(on)
+            self.on = on
 
     def _switch(self, on: bool) -> None:
         """Off: the programs first, then the process; on: the other way round."""
@@ -841,7 +832,6 @@ def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> Non
             ratios: list[float] = []
             with tool_attached(tool, server.pid, tmp) as attached:
                 toggle = Toggle(attached, args.toggle)
-                t0 = time.monotonic()
                 try:
                     for i in range(args.pairs):
                         got = {}
@@ -855,15 +845,15 @@ def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> Non
                                   flush=True)  # fmt: skip
                 finally:
                     toggle.close()
-                on_share = toggle.total_on_s() / max(1e-9, time.monotonic() - t0)
+            if attached.profile is not None:
+                attached.profile.unlink(missing_ok=True)  # toggled: its figure is not the user's
             share = None
-            if attached.profile is not None and attached.profile.exists():
-                profile = Profile.load(attached.profile)
-                cost = own_cost(profile)
-                share = cost.share / on_share if cost is not None else None
-                if tool == "record":
-                    where_it_goes([profile], on_share)
-                attached.profile.unlink()
+            if tool.startswith("record"):
+                profile = continuous_profile(tool, server.pid, tmp)
+                cost = own_cost(profile) if profile is not None else None
+                share = cost.share if cost is not None else None
+                if tool == "record" and profile is not None:
+                    where_it_goes([profile])
             results[tool] = (ratios, share)
         print(f"\n{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}")
         for tool, (rs, share) in results.items():
@@ -878,6 +868,20 @@ def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> Non
         load.wait(timeout=10)
         server.stop()
         server.log_path.unlink(missing_ok=True)
+
+
+def continuous_profile(tool: str, pid: int, tmp: str, seconds: float = FIGURE_S) -> Profile | None:
+    """A record tool attached for `seconds` without a pause: the profile whose own-cost figure
+    a user reads. A toggled recording's is not it: its programs attach one by one at every
+    resume and detach one by one at every pause, so no one span says how long each ran."""
+    with tool_attached(tool, pid, tmp) as attached:
+        time.sleep(seconds)
+    if attached.profile is None or not attached.profile.exists():
+        return None
+    try:
+        return Profile.load(attached.profile)
+    finally:
+        attached.profile.unlink()
 
 
 def measure_ops(server: Server, seconds: float) -> float:

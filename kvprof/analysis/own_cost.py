@@ -15,10 +15,10 @@ for other processes, which the share counts as the target's (an
 overestimate). A per-CPU cpu-clock timer fires whatever runs, so the samples
 that landed on the target are its runs x the share of the CPUs' time the
 target ran; what one costs (Overhead.sample_interrupt_ns) is measured as a
-loss of throughput on a contended server, not as CPU time (docs/record.md,
-"Own cost"). The kvprof process competes with everything on the machine, so
-it counts as its share of all CPUs. docs/record.md ("Overhead") compares the
-share with the throughput loss measured on one server.
+loss of throughput on a contended server, not as CPU time. The kvprof process
+competes with everything on the machine, so it counts as its share of all
+CPUs. docs/record.md ("Overhead") compares the share with the throughput
+loss measured on one server, and says how the cost of a sample was measured.
 """
 
 from __future__ import annotations

@@ -117,8 +117,8 @@ UPROBE_HIT_NS = 600
 # What one cpu-clock sample that interrupts the target costs its throughput beyond the
 # program it runs (the interrupt, on this VM's hypervisor, and the stall of a contended
 # pipeline), for the same figure: bench/overhead.py measures it from the loss at a high
-# --hz against the default, docs/record.md ("Own cost") has the figures.
-SAMPLE_INTERRUPT_NS = 115_000
+# --hz against the default, docs/record.md ("Overhead") has the figures.
+SAMPLE_INTERRUPT_NS = 100_000
 
 
 @dataclass
