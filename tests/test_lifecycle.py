@@ -29,8 +29,9 @@ from textual.widgets import DataTable
 
 from kvprof import REPO
 from kvprof.analysis.tables import THREAD_ROWS
+from kvprof.collect import OFFCPU_HZ, OFFCPU_LOOKS
 from kvprof.collect.debuginfo import ProcessSymbols
-from kvprof.model.profile import Profile
+from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 from kvprof.tui.sources import LiveSource
 from kvprof.tui.widgets import Line
 
@@ -96,7 +97,8 @@ def _report(path: Path) -> str:
 
 def test_thousand_threads(lifecycle: Callable[..., subprocess.Popen[str]], tmp_path: Path) -> None:
     """1,000 threads: record works, sees hundreds of them, and the report's thread tables are capped
-    with a line that sums up the rest."""
+    with a line that sums up the rest. The off-CPU looks take a slice of the threads each time, in
+    turn: no more samples than the slices hold, and hundreds of threads sampled asleep."""
     proc = lifecycle("threads", "1000", "120")
     out = tmp_path / "t.json.gz"
     done = record(proc.pid, out, "-d", "3", timeout=240)
@@ -104,6 +106,10 @@ def test_thousand_threads(lifecycle: Callable[..., subprocess.Popen[str]], tmp_p
     p = Profile.load(out)
     assert len(p.threads) > 500
     assert "spin_worker" in _leaves(p)
+    counters = p.status.counters
+    assert 0 < counters["offcpu.samples"] <= counters["offcpu.looks"] * (OFFCPU_LOOKS // OFFCPU_HZ), counters
+    seen = {s.tid for s in p.offcpu.stacks if s.frames not in ([RUNNABLE_FRAME], [UNSAMPLED_FRAME])}
+    assert len(seen) > 300, len(seen)
     text = _report(out)
     assert "more threads" in text
     assert len(text.splitlines()) < 300

@@ -99,6 +99,9 @@ MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 # Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
 # 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
 OFFCPU_HZ = 19
+# ... and at most this many threads a second in all: a target with more threads than
+# OFFCPU_LOOKS / OFFCPU_HZ has each of them looked at less often, in turn
+OFFCPU_LOOKS = 1000
 # With OFFCPU_HZ 0: off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
 OFFCPU_SAMPLE = 0
 OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second (docs/record.md: why)

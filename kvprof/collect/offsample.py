@@ -17,7 +17,10 @@ a second, a thread of kvprof's looks at each thread of the target:
 - its user stack is walked here from /proc/PID/mem with the unwind tables
   (unwind.Unwinder.walk: the rules probes/unwind.h walks by in BPF).
 
-Each kept sample stands for the time since the previous look. A thread's total
+A target with more threads than OFFCPU_LOOKS / offcpu_hz has a slice of them
+looked at each time, in turn, so that kvprof's own CPU does not grow with the
+target's threads. Each kept sample stands for the time since that thread's
+previous look. A thread's total
 off-CPU time is exact, from schedstat (time since attaching minus the time it
 ran); of it, the run delay is its wait for a CPU (ThreadInfo.runnable_ns, and
 the stack `[runnable]`), and its sampled stacks split the rest, scaled to add
@@ -37,6 +40,7 @@ switch timed, at a cost at every switch).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 import struct
@@ -45,7 +49,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect import OFFCPU_LOOKS, CollectError, CollectOptions
 from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, source
 from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
@@ -71,6 +75,7 @@ class _Thread:
     first: tuple[int, int, int]  # when first seen: (monotonic ns, ns run, ns waited for a CPU)
     last: tuple[int, int, int]  # at the last look
     link: int = -1  # its iterator link, -1 while paused
+    looked: int = 0  # monotonic ns of its last look
     runs: int = 0  # times it was switched in, at the last look
     wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
 
@@ -109,6 +114,7 @@ class OffSampleCollector(BpfCollector):
         self._stacks: dict[tuple[int, tuple[int, ...], str, tuple[int, ...]], int] = defaultdict(int)
         self._futex: dict[tuple[int, int, tuple[int, ...], str], list[int]] = {}
         self._looks = self._samples = self._failed = 0
+        self._next_after = 0  # the last tid looked at, when a look takes a slice of the threads
         self._lock = threading.Lock()
         self._sampling = threading.Event()
         self._stop = threading.Event()
@@ -212,25 +218,35 @@ class OffSampleCollector(BpfCollector):
                 return
             now = time.monotonic_ns()
             with self._lock:
-                self._look(now, min(now - last, int(2 * period)))  # a pause is not a sample's time
+                self._look(now, int(period))
             last = now
 
-    def _look(self, now: int, weight: int) -> None:
-        """Look at every thread once; each sleeping thread's sample counts `weight` ns."""
+    def _look(self, now: int, period: int) -> None:
+        """Look at the next threads in turn, all of them when they are no more than
+        OFFCPU_LOOKS / offcpu_hz; a sleeping thread's sample counts the ns since its
+        last look, up to two of its turns (a pause is not a sample's time). `period` 0:
+        every thread's start, no sample."""
         try:
-            tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{self.pid}/task"))
         except OSError:  # the target is gone
-            tids = set()
-        for tid in [t for t in self._threads if t not in tids]:
+            tids = []
+        for tid in set(self._threads) - set(tids):
             self._forget(tid)
-        self._looks += bool(weight)
+        self._looks += bool(period)
+        per_look = max(1, OFFCPU_LOOKS // self.opts.offcpu_hz)
+        if period and len(tids) > per_look:  # the next slice, after the last tid looked at
+            start = bisect.bisect_right(tids, self._next_after)
+            tids = (tids[start:] + tids[:start])[:per_look]
+            self._next_after = tids[-1]
+        turn = period * max(1, -(-len(self._threads) // per_look))
         for tid in tids:
             th = self._threads.get(tid) or self._new(tid, now)
             if th is None:
                 continue
+            weight, th.looked = min(now - th.looked, 2 * turn), now
             try:
                 th.last, th.runs = _schedstat(th.schedstat, now)
-                call = _pread_text(th.syscall).split() if weight else ["running"]
+                call = _pread_text(th.syscall).split() if period and weight else ["running"]
             except (OSError, ValueError):  # gone meanwhile
                 self._forget(tid)
                 continue
@@ -247,7 +263,7 @@ class OffSampleCollector(BpfCollector):
             first, runs = _schedstat(sched, now)
         except (OSError, ValueError):
             return None
-        th = self._threads[tid] = _Thread(tid, call, sched, first, first, runs=runs)
+        th = self._threads[tid] = _Thread(tid, call, sched, first, first, runs=runs, looked=now)
         if self._sampling.is_set():
             try:
                 self._link(th)
