@@ -98,6 +98,10 @@ class OffCpuStack:
     frames: list[str]
     ns: int
 
+    def placeless(self) -> bool:
+        """Time with no place to wait at: `[runnable]` or `[asleep, not sampled]`."""
+        return len(self.frames) == 1 and self.frames[0] in (RUNNABLE_FRAME, UNSAMPLED_FRAME)
+
 
 # The one frame of a sampled thread's wait for a CPU (kvprof.collect.offsample): runnable, not asleep.
 RUNNABLE_FRAME = "[runnable]"

@@ -8,7 +8,7 @@ from collections import defaultdict
 from kvprof.analysis.findings.common import Context, explain, severity_of, wait_cost
 from kvprof.analysis.hotspots import call_site, match_function, normalize
 from kvprof.analysis.tables import THREADS_NAMED, locks, offcpu_stacks
-from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Finding
+from kvprof.model.profile import Finding
 
 # Off-CPU waits that mean "nothing to do", not "blocked": leaf-most user frames.
 IDLE_WAITS = frozenset(
@@ -108,7 +108,7 @@ def _blocked_findings(c: Context) -> list[Finding]:
     out: list[Finding] = []
     points: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for st in offcpu_stacks(c.p):
-        if not st.frames or _is_idle(st.frames) or st.frames in ([RUNNABLE_FRAME], [UNSAMPLED_FRAME]):
+        if not st.frames or _is_idle(st.frames) or st.placeless():
             # a wait for a CPU is no wait point (analysis.whatif counts it as busy), nor is a sleep not seen
             continue
         points[call_site(st.frames)][str(st.tid)] += st.ns
