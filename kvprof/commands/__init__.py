@@ -98,11 +98,10 @@ def add_pid(p: Any, help: str, required: bool = True) -> None:
     p.add_argument("-p", "--pid", type=pid, required=required, help=help)
 
 
-def add_hz(p: argparse.ArgumentParser, default: int = CollectOptions.hz, why: str = "") -> None:
-    """--hz, the on-CPU sampling rate; `why` explains a default other than the collectors'."""
-    because = f"; {why}" if why else ""
-    p.add_argument("--hz", type=number(int, 1, 10000), default=default,
-                   help=f"on-CPU sampling rate (default: %(default)s{because})")  # fmt: skip
+def add_hz(p: argparse.ArgumentParser) -> None:
+    """--hz, the on-CPU sampling rate (CollectOptions.hz)."""
+    p.add_argument("--hz", type=number(int, 1, 10000), default=CollectOptions.hz,
+                   help="on-CPU samples a second per CPU (default: %(default)s)")  # fmt: skip
 
 
 def add_inline(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import OFFCPU_SAMPLE
+from kvprof.collect import HZ, OFFCPU_SAMPLE
 from kvprof.commands import add_collectors, add_hz, add_pid, add_seconds, command, fail, number, options
 
 if TYPE_CHECKING:
@@ -46,8 +46,6 @@ Prometheus scrape config (docs/fleet.md):
   - job_name: kvprof
     static_configs: [{targets: ["127.0.0.1:9464"]}]
 """
-
-HZ = 49  # lower than record's: the exporter runs for long
 
 
 @dataclass
@@ -82,7 +80,7 @@ def add_parser(commands: Any) -> None:
         help="where to serve /metrics (default: %(default)s; loopback unless told otherwise)",
     )
     add_collectors(p)
-    add_hz(p, default=HZ, why="the exporter runs for long, so lower than record's")
+    add_hz(p)
     p.add_argument("--top", type=number(int, 1, 1000), default=20, metavar="N",
                    help="functions with series of their own; the rest count as `other` "
                    "(default: %(default)s)")  # fmt: skip

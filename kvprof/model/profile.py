@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 # on-CPU (and register) samples per second per CPU when none is asked for, off a
-# multiple of common timer rates; the collectors' default (kvprof.collect.HZ)
-HZ = 99
+# multiple of common timer rates; the collectors' default (kvprof.collect.HZ). Every
+# sample interrupts a CPU, which is most of what kvprof costs a saturated server
+# (docs/record.md, "Overhead"): --hz 99 doubles the stacks and that part of the cost.
+HZ = 49
 
 # the suffix of a frame that was inlined into the frame before it (rootward)
 INLINED = " [inlined]"
