@@ -85,6 +85,7 @@ def test_cpu_affinity_pins_threads_round_robin(kvcached_factory: Callable[..., S
     argv = [str(kvload_binary()), "--quiet", f"--server={server.address}", "--num-threads=3", "--duration=3",
             "--batch-size=4", "--set-pct=0", f"--cpu-affinity={wanted[0]},{wanted[1]}"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    expected = {str(c) for c in wanted}
     try:
         allowed: set[str] = set()
         deadline = time.monotonic() + 2.5
@@ -94,13 +95,14 @@ def test_cpu_affinity_pins_threads_round_robin(kvcached_factory: Callable[..., S
                 allowed = {_cpus_allowed(proc.pid, t) for t in tids}
             except (FileNotFoundError, StopIteration):
                 break
-            if len(tids) == 3:
+            # a thread just started may not have pinned itself yet: wait for all three
+            if len(tids) == 3 and allowed == expected:
                 break
             time.sleep(0.02)
     finally:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert allowed == {str(c) for c in wanted}, allowed
+    assert allowed == expected, allowed
 
 
 def _cpus_allowed(pid: int, tid: str) -> str:
