@@ -120,8 +120,10 @@ for tid in "${workers[@]}"; do
     say "pinned $name (tid $tid) to CPU $cpu, socket $(cat "/sys/devices/system/cpu/cpu$cpu/topology/physical_package_id")"
 done
 
-# 4 connections: kvcached hands them to its workers in turn, one each.
-LOAD_ARGS=(--server "127.0.0.1:$PORT" --num-threads 2 --connections 2 --batch-size 16
+# 8 connections: kvcached hands them to its workers in turn, two each. Two,
+# so that every worker still gets one when a connection of record's (it reads
+# the server's stats) comes between them.
+LOAD_ARGS=(--server "127.0.0.1:$PORT" --num-threads 2 --connections 4 --batch-size 16
     --set-pct 5 --num-items 1000 --min-size 32 --max-size 64)
 "$K/server/build/kvload" "${LOAD_ARGS[@]}" --populate-only >"$OUT/kvload-populate.log" 2>&1 ||
     die "kvload --populate-only failed: $(tail -n 3 "$OUT/kvload-populate.log")"
