@@ -25,8 +25,9 @@ from typing import Any
 
 # on-CPU (and register) samples per second per CPU when none is asked for, off a
 # multiple of common timer rates; the collectors' default (kvprof.collect.HZ). Every
-# sample interrupts a CPU, which is most of what kvprof costs a saturated server
-# (docs/record.md, "Overhead"): --hz 99 doubles the stacks and that part of the cost.
+# sample interrupts a CPU, the largest part of what kvprof costs a saturated server
+# that has been measured (docs/record.md, "Overhead"): --hz 99 doubles the stacks and
+# that part of the cost.
 HZ = 49
 
 # the suffix of a frame that was inlined into the frame before it (rootward)
