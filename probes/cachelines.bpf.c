@@ -12,9 +12,12 @@
  * the owner left by the sample before it in one total order per line: the
  * counts are exact for that order. The order can differ from the order of
  * the counter updates themselves (the probe fires just after the update),
- * which only matters for samples a few nanoseconds apart. Samples are 1 in
- * N updates (kvcached --probe-sample), so a transfer here means "the line
- * moved at least once between two sampled updates".
+ * which only matters for samples a few nanoseconds apart. Samples are a
+ * sample of the updates (paced or 1 in N, per thread and site), so a
+ * transfer here means "the line moved at least once between two sampled
+ * updates". Each sample counts as the `weight` updates it stands for (the
+ * probe's fourth argument): samples, transfers, cycles, the histograms and
+ * the matrix are estimates of every update's.
  *
  * Flags: those of common.h, and -DCACHELINES_CPUS=<cpu array size>,
  * -DCACHELINES_SOCKETS=<matrix side>.
@@ -84,9 +87,12 @@ int cachelines_on_sample(struct pt_regs *ctx)
     if (!kv_is_target(pid_tgid))
         return 0;
     u64 counter = 0, site = 0, cycles = 0;
+    int sampled = 0;
     bpf_usdt_readarg(1, ctx, &counter);
     bpf_usdt_readarg(2, ctx, &site);
     bpf_usdt_readarg(3, ctx, &cycles);
+    bpf_usdt_readarg(4, ctx, &sampled);
+    u64 weight = sampled > 0 ? sampled : 1;
     cachelines_count(CACHELINES_EVENTS);
 
     u32 cpu = bpf_get_smp_processor_id();
@@ -120,20 +126,20 @@ int cachelines_on_sample(struct pt_regs *ctx)
         return 0;
     }
     /* one key is one thread, so plain adds: kvprof's own counts bounce no line */
-    v->samples += 1;
-    v->cycles += cycles;
+    v->samples += weight;
+    v->cycles += cycles * weight;
     if (cycles > v->max_cycles)
         v->max_cycles = cycles;
     if (transfer) {
-        v->transfers += 1;
-        v->cross += cross;
+        v->transfers += weight;
+        v->cross += cross ? weight : 0;
         struct cachelines_matrix_key mk = {};
         mk.site = site;
         mk.line = line;
         mk.from = from;
         mk.to = to;
         u64 nil = 0;
-        if (!kv_add(cachelines_matrix.lookup_or_try_init(&mk, &nil), 1))
+        if (!kv_add(cachelines_matrix.lookup_or_try_init(&mk, &nil), weight))
             cachelines_count(CACHELINES_MAP_FULL);
     }
 
@@ -143,7 +149,7 @@ int cachelines_on_sample(struct pt_regs *ctx)
     hk.slot = kv_log2_slot(cycles);
     hk.tid = (u32)pid_tgid;
     u64 nil2 = 0;
-    if (!kv_add_percpu(cachelines_hist.lookup_or_try_init(&hk, &nil2), 1))  // keyed by thread
+    if (!kv_add_percpu(cachelines_hist.lookup_or_try_init(&hk, &nil2), weight))  // keyed by thread
         cachelines_count(CACHELINES_MAP_FULL);
     return 0;
 }

@@ -7,13 +7,16 @@
  * costs one predictable branch, and anything a probe needs that is not free
  * (a clock read, a sampling decision) sits behind that branch.
  *
- * Per-request probes (cmd__*, atomic__sample) fire for one request in N
- * (`kvcached --probe-sample N`, default 4096), counted per worker thread and,
- * for atomic__sample, per site. Lock probes fire only on the contended path
- * (the trylock failed), so an uncontended lock costs nothing extra;
- * lock__wait__done fires for every contended wait of 16384 ns or more and
- * for one shorter wait in N (`--lock-sample N`, default 64), after the lock
- * was released.
+ * Per-request probes (cmd__*, atomic__sample) fire for a sample of the
+ * requests, drawn per worker thread and, for atomic__sample, per site: paced
+ * by default (about `kvcached --probe-rate R` firings a second, default 64,
+ * whatever the load), or 1 request in N with `--probe-sample N`. Each
+ * sampled probe carries its `weight`, the number of events it stands for.
+ * Lock probes fire only on the contended path (the trylock failed), so an
+ * uncontended lock costs nothing extra; lock__wait__done fires for every
+ * contended wait of 1,048,576 ns or more and for a sample of the shorter
+ * ones (paced, or 1 in N with `--lock-sample N`), after the lock was
+ * released.
  *
  * The tables below are defined in kvcached's sources and copied here for a
  * reader of the probes; tests/test_contracts.py checks each copy against
@@ -65,8 +68,9 @@ provider kvs {
      * @param opcode      see the opcode table above
      * @param status      see the status table above
      * @param latency_ns  time the request took inside the server
+     * @param weight      how many requests this one stands for
      */
-    probe cmd__done(int worker, int opcode, int status, uint64_t latency_ns);
+    probe cmd__done(int worker, int opcode, int status, uint64_t latency_ns, int weight);
 
     /**
      * fired when an item is linked into the cache (set, add, replace,
@@ -98,7 +102,7 @@ provider kvs {
      * @param name     the lock's stable name
      * @param wait_ns  how long the thread waited for it
      * @param weight   how many contended waits this one stands for: 1 for
-     *                 a long wait, --lock-sample for a sampled short one
+     *                 a long wait, the sampler's 1 in N for a short one
      */
     probe lock__wait__done(void *lock, char *name, uint64_t wait_ns, int weight);
 
@@ -109,8 +113,9 @@ provider kvs {
      *                 bounces between cores in the shared design)
      * @param site     the site's function name
      * @param cycles   TSC cycles the update took, fenced on both sides
+     * @param weight   how many updates of this site by this thread it stands for
      */
-    probe atomic__sample(void *counter, char *site, uint64_t cycles);
+    probe atomic__sample(void *counter, char *site, uint64_t cycles, int weight);
 
     /**
      * fired when a `stats` command merged data (per-thread tables and

@@ -2,7 +2,7 @@
  * locks: contended lock waits of kvcached, from kvs:lock__wait__done.
  *
  * The server fires lock__wait__done for its long contended waits and a
- * sample of the short ones (1 in its --lock-sample), once the thread released the lock
+ * sample of the short ones (paced, or 1 in its --lock-sample), once the thread released the lock
  * again, from kv_lock_report(), which kv_unlock() calls with frame pointers
  * kept: the user stack taken here names the site (update_topkeys, ...). Each
  * event counts as the `weight` waits it stands for, so the maps hold

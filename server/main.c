@@ -24,6 +24,7 @@
 
 struct settings settings;
 int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
+int kv_probe_rate = KV_PROBE_RATE_DEFAULT;
 
 static void usage(FILE *out)
 {
@@ -44,13 +45,16 @@ static void usage(FILE *out)
             "  --memory-counter M    account_memory: shared or per-thread\n"
             "  --key-compare K       hash lookup's key comparison: inline (length check\n"
             "                        and memcmp, default) or indirect (through a pointer)\n"
-            "  --probe-sample N      fire per-request probes for 1 request in N (default %d)\n"
-            "  --lock-sample N       fire lock__wait__done for 1 contended wait in N (default %d)\n"
+            "  --probe-rate R        sampled probes fire about R times a second per thread\n"
+            "                        and site, whatever the load (default %d)\n"
+            "  --probe-sample N      per-request probes for 1 request in N instead (0: paced)\n"
+            "  --lock-sample N       lock__wait__done for 1 short contended wait in N\n"
+            "                        instead (0: paced)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
             "  -h, --help            this help\n",
-            KV_PROBE_SAMPLE_DEFAULT, KV_LOCK_SAMPLE_DEFAULT);
+            KV_PROBE_RATE_DEFAULT);
 }
 
 static void die_usage(const char *fmt, const char *arg) { cli_die("kvcached", fmt, arg); }
@@ -83,7 +87,7 @@ static enum site_mode parse_mode(const char *s, const char *flag)
     return MODE_SHARED;
 }
 
-enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_CPUS, OPT_KEYCMP };
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_RATE, OPT_CPUS, OPT_KEYCMP };
 
 static void parse_cpus(const char *list)
 {
@@ -105,6 +109,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         {"memory-counter", required_argument, NULL, OPT_MEMORY},
         {"probe-sample", required_argument, NULL, OPT_SAMPLE},
         {"lock-sample", required_argument, NULL, OPT_LOCK_SAMPLE},
+        {"probe-rate", required_argument, NULL, OPT_RATE},
         {"cpu-affinity", required_argument, NULL, OPT_CPUS},
         {"key-compare", required_argument, NULL, OPT_KEYCMP},
         {"version", no_argument, NULL, 'V'},
@@ -119,7 +124,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
     settings = (struct settings){
         .iface = "127.0.0.1", .port = 11211, .nthreads = 4, .maxbytes = 64ull * 1024 * 1024,
         .maxconns = 1024, .item_size_max = 1024 * 1024, .verbose = 0, .probe_sample = KV_PROBE_SAMPLE_DEFAULT,
-        .lock_sample = KV_LOCK_SAMPLE_DEFAULT,
+        .lock_sample = KV_LOCK_SAMPLE_DEFAULT, .probe_rate = KV_PROBE_RATE_DEFAULT,
         .cpu_affinity = "",
     };
     *key_compare = KEY_COMPARE_INLINE;
@@ -151,8 +156,9 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
             site_val[s] = parse_mode(optarg, site_flag((enum site_id)s));
             break;
         }
-        case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 1, 1 << 30); break;
-        case OPT_LOCK_SAMPLE: settings.lock_sample = (int)parse_long(optarg, "--lock-sample", 1, 1 << 30); break;
+        case OPT_SAMPLE: settings.probe_sample = (int)parse_long(optarg, "--probe-sample", 0, 1 << 30); break;
+        case OPT_LOCK_SAMPLE: settings.lock_sample = (int)parse_long(optarg, "--lock-sample", 0, 1 << 30); break;
+        case OPT_RATE: settings.probe_rate = (int)parse_long(optarg, "--probe-rate", 1, 1000000); break;
         case OPT_CPUS: parse_cpus(optarg); break;
         case OPT_KEYCMP:
             if (strcmp(optarg, "inline") == 0)
@@ -172,6 +178,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         modes[s] = site_set[s] ? site_val[s] : preset;
     kv_probe_sample = settings.probe_sample;
     kv_lock_sample = settings.lock_sample;
+    kv_probe_rate = settings.probe_rate;
 }
 
 int main(int argc, char **argv)

@@ -14,8 +14,9 @@ struct settings {
     int maxconns;
     size_t item_size_max;
     int verbose;
-    int probe_sample;
-    int lock_sample;
+    int probe_sample; /* 0: paced, at probe_rate */
+    int lock_sample;  /* 0: paced, at probe_rate */
+    int probe_rate;
     const char *cpu_affinity; /* as given, "" when the workers are not pinned */
     int ncpus;                /* worker i runs on cpus[i % ncpus] when ncpus > 0 */
     int cpus[1024];

@@ -406,20 +406,68 @@ int on_done(struct pt_regs *ctx) { return count(1); }
 """
 
 
+WEIGHT_BPF = r"""
+#include <uapi/linux/ptrace.h>
+BPF_ARRAY(hits, u64, 4);  // cmd__start, cmd__done, the sum of cmd__done's weights, weights < 1
+static __always_inline void add(int i, u64 n) {
+    u64 *v = hits.lookup(&i);
+    if (v)
+        __sync_fetch_and_add(v, n);
+}
+int on_start(struct pt_regs *ctx) { add(0, 1); return 0; }
+int on_done(struct pt_regs *ctx) {
+    int weight = 0;
+    bpf_usdt_readarg(5, ctx, &weight);
+    add(1, 1);
+    if (weight >= 1)
+        add(2, weight);
+    else
+        add(3, 1);
+    return 0;
+}
+"""
+
+
+def weighted_requests(server: Server, requests: int) -> tuple[int, int, int, float]:
+    """`requests` gets of one connection with cmd__start and cmd__done attached:
+    (starts, dones, the sum of the dones' weights, seconds the load took)."""
+    ks = load.keys("ps-", 100)
+    with attached(server, WEIGHT_BPF, {"cmd__start": "on_start", "cmd__done": "on_done"}) as att:
+        t0 = time.monotonic()
+        totals = load.run(server.host, server.port, [load.multiget_batches(ks, 100, 8, requests // 800)])
+        took = time.monotonic() - t0
+        assert totals.complete and totals.get_keys == requests, totals
+        hits = att.table("hits")
+        starts, dones, weights, bad = (hits[ctypes.c_int(i)].value for i in range(4))
+    assert bad == 0, f"{bad} cmd__done without a weight of 1 or more"
+    return starts, dones, weights, took
+
+
 @pytest.mark.bpf
 def test_cmd_probes_fire_for_one_request_in_probe_sample(kvcached_factory: Callable[..., Server]) -> None:
     """With --probe-sample 64 and one worker, cmd__start/done fire together for
-    1 request in 64 on average (random gaps of 1..127)."""
+    1 request in 64 on average (random gaps of 1..127), each done weighing 64
+    (the first, which stands for itself, 1)."""
     server = kvcached_factory("-t", "1", "--probe-sample", "64")
-    ks = load.keys("ps-", 100)
-    with attached(server, COUNT_BPF, {"cmd__start": "on_start", "cmd__done": "on_done"}) as att:
-        totals = load.run(server.host, server.port, [load.multiget_batches(ks, 100, 8, 80)])
-        assert totals.complete and totals.get_keys == 64000, totals
-        hits = att.table("hits")
-        starts, dones = hits[ctypes.c_int(0)].value, hits[ctypes.c_int(1)].value
+    starts, dones, weights, _ = weighted_requests(server, 64000)
     assert starts == dones
     # 1000 expected; the gaps' spread (sd 37 requests) makes that +-19 (1 sd)
     assert 900 <= starts <= 1100, starts
+    assert weights == 1 + 64 * (dones - 1)
+
+
+@pytest.mark.bpf
+def test_cmd_probes_paced_by_default(kvcached_factory: Callable[..., Server]) -> None:
+    """Without --probe-sample the sampler is paced: it fires about --probe-rate
+    times a second whatever the request rate (at most 2.5 R a second, and 8
+    firings for each doubling of its 1 in n while it finds the pace), and the
+    weights add up to the requests (unbiased; about 5 % sd at n = 500)."""
+    rate = 200
+    server = kvcached_factory("-t", "1", "--probe-rate", str(rate))
+    starts, dones, weights, took = weighted_requests(server, 64000)
+    assert starts == dones
+    assert dones <= 2.5 * rate * took + 8 * 32 + 8, (dones, took)
+    assert 0.75 * 64000 <= weights <= 1.25 * 64000, (weights, dones)
 
 
 SET_SHARE_BPF = r"""

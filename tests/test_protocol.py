@@ -22,7 +22,6 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
 from support import Wire, wait_until
 
-from kvprof.collect import PROBE_SAMPLE
 from kvprof.system.servers import Server
 
 NONNUMERIC = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
@@ -603,14 +602,15 @@ def test_stats_general_names_and_values(kvcached: Server, wire) -> None:
     "kvcached's own counters; max_connections is -c itself (memcached adds its reserved fds)"
 )
 def test_stats_general_kvcached_names(kvcached_factory: Callable[..., Server], wire) -> None:
-    """kvcached adds item_objects, mem_accounted and probe_sample; idle, they equal curr_items and bytes."""
+    """kvcached adds item_objects, mem_accounted and probe_sample (0: paced, the default); idle, they
+    equal curr_items and bytes."""
     server = kvcached_factory("-t", "2", "-c", "100")
     w = wire(server)
     for i in range(20):
         w.call(b"set k%d 0 0 10\r\n0123456789\r\n" % i)
     stats = server.stats()
     assert int(stats["max_connections"]) == 100
-    assert int(stats["probe_sample"]) == PROBE_SAMPLE
+    assert int(stats["probe_sample"]) == 0
     assert int(stats["item_objects"]) == int(stats["curr_items"]) == 20
     assert int(stats["mem_accounted"]) == int(stats["bytes"]) > 20 * 10
 
@@ -630,13 +630,16 @@ def test_stats_settings(kvcached_factory: Callable[..., Server]) -> None:
 
 @pytest.mark.kvcached_only("memcached names the address `inter` and has no presets or sites")
 def test_stats_settings_kvcached_names(kvcached_factory: Callable[..., Server]) -> None:
-    """kvcached's `stats settings` adds interface, preset, probe_sample and each site's mode."""
-    server = kvcached_factory("-t", "2", "-c", "50", "--preset", "fixed", "--probe-sample", "8")
+    """kvcached's `stats settings` adds interface, preset, the probes' sampling and each site's mode."""
+    server = kvcached_factory(
+        "-t", "2", "-c", "50", "--preset", "fixed", "--probe-sample", "8", "--probe-rate", "99"
+    )
     settings = server.stats("settings")
     assert settings["interface"] == "127.0.0.1"
     assert int(settings["maxconns"]) == 50
     assert settings["preset"] == "fixed"
     assert int(settings["probe_sample"]) == 8
+    assert int(settings["probe_rate"]) == 99 and int(settings["lock_sample"]) == 0
     for site in ("collect_timings", "update_topkeys", "on_create_item", "on_delete_item", "account_memory"):
         assert settings[site] == "per-thread", site
 

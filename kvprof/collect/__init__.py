@@ -105,7 +105,6 @@ OFFCPU_LOOKS = 1000
 # With OFFCPU_HZ 0: off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
 OFFCPU_SAMPLE = 0
 OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second (docs/record.md: why)
-PROBE_SAMPLE = 4096  # kvcached's default --probe-sample: the sampled kvs probes fire for 1 in N
 INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)

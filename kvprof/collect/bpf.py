@@ -24,7 +24,7 @@ from bcc.utils import get_online_cpus
 
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, follow
 from kvprof.collect.overhead import Program as AttachedProgram
-from kvprof.collect.usdt import KvsProgram, not_applicable, probe_sample
+from kvprof.collect.usdt import KvsProgram, not_applicable
 from kvprof.model.profile import Profile
 
 
@@ -254,7 +254,6 @@ class KvsCollector(BpfCollector):
     def __init__(self, pid: int, opts: CollectOptions) -> None:
         super().__init__(pid, opts)
         self._kvs: KvsProgram | None = None
-        self._rate = 0  # the target's --probe-sample
 
     def applies(self) -> str | None:
         return not_applicable(self.pid, list(self.probes), self.instead)
@@ -270,7 +269,6 @@ class KvsCollector(BpfCollector):
         if self._kvs is None:
             self.program()
         assert self._kvs is not None
-        self._rate = probe_sample(self.pid)
         self._hook(module)
 
     def _hook(self, module: Module) -> None:

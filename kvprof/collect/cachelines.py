@@ -9,12 +9,15 @@ from another CPU is a transfer, from the previous CPU's socket to this
 CPU's socket; it is cross-socket when those sockets differ. The first sample
 of a line is no transfer.
 
-What it counts is sampled: the server fires atomic__sample for 1 update in
-N per worker and per site (`--probe-sample N`, recorded in
-`Profile.status.sample_rates["atomic__sample"]`). Samples, transfers and
-cycles are of the sampled updates; a transfer means the line moved at least
-once between two sampled updates. Transfers per sample is the comparable
-rate (shared vs per-thread design, one run vs another).
+What it counts is sampled: the server fires atomic__sample for a sample of
+the updates per worker and per site (paced, or 1 in N with `--probe-sample
+N`), each with the number of updates it stands for (its weight), and the
+program counts each sample that many times: samples, transfers, cycles, the
+histograms and the matrix estimate every update's (profiles recorded before
+the weights carry `Profile.status.sample_rates["atomic__sample"]` instead).
+A transfer means the line moved at least once between two sampled updates.
+Transfers per sample is the comparable rate (shared vs per-thread design, one
+run vs another).
 
 Rows are kept per (site, line, thread); per CPU only through the socket
 matrix, since a thread's CPU changes and what matters is where the line went.
@@ -165,8 +168,6 @@ class CachelinesCollector(KvsCollector):
             info = profile.threads.setdefault(str(tid), ThreadInfo())
             if not info.name:
                 info.name = self._names.get(tid)
-        if self._rate:
-            profile.status.sample_rates["atomic__sample"] = self._rate
         for label, value in snap.counters.items():
             profile.status.counters[f"cachelines.{label}"] = value
         if snap.counters.get("map_full"):

@@ -1,10 +1,10 @@
 """The `requests` collector: server-side latency histograms per opcode, from
 kvcached's `kvs:cmd__done` probe (probes/requests.bpf.c).
 
-Counts are of *sampled* requests: kvcached fires cmd__* for 1 request in N
-per worker (`--probe-sample N`, recorded in
-`Profile.status.sample_rates["cmd__done"]`); multiply by N for totals. One
-key of a multi-get is one request. p50/p99 are read off the log2 histogram
+Counts estimate every request's: kvcached fires cmd__* for a sample of the
+requests per worker (paced, or 1 in N with `--probe-sample N`), each with the
+number of requests it stands for, and the program counts it that many times.
+One key of a multi-get is one request. p50/p99 are read off the log2 histogram
 as the largest value of their bucket (kvprof.model.histogram): a bound within a factor of 2.
 """
 
@@ -64,7 +64,5 @@ class RequestsCollector(KvsCollector):
                 p50_ns=hist_percentile(hist, 0.50),
                 p99_ns=hist_percentile(hist, 0.99),
             )
-        if self._rate:
-            profile.status.sample_rates["cmd__done"] = self._rate
         for label, value in snap.counters.items():
             profile.status.counters[f"requests.{label}"] = value

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvprof.collect import PROBE_SAMPLE, PROBES_DIR, CollectError
+from kvprof.collect import PROBES_DIR, CollectError
 from kvprof.collect.elf import ElfFile, ProbesError, UsdtProbe, read_probes
 
 PROVIDER = "kvs"
@@ -94,28 +94,6 @@ def not_applicable(pid: int, probes: list[str], instead: str) -> str | None:
     if missing:
         return f"{exe} lacks the kvs probes {', '.join(missing)}: {instead}"
     return None
-
-
-def probe_sample(pid: int) -> int:
-    """The target's `--probe-sample N` (1 in N requests fire the sampled probes),
-    read from its command line; kvcached's default when not given."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return PROBE_SAMPLE
-    args = [a.decode(errors="replace") for a in argv]
-    for i, arg in enumerate(args):
-        value = None
-        if arg == "--probe-sample" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--probe-sample="):
-            value = arg.split("=", 1)[1]
-        if value is not None:
-            try:
-                return max(int(value), 1)
-            except ValueError:
-                break
-    return PROBE_SAMPLE
 
 
 def program_text(name: str) -> str:

@@ -217,8 +217,8 @@ METRICS: dict[str, tuple[str, str, T]] = {
     ),
     "request_duration_seconds": (
         "histogram",
-        "Server-side latency of sampled requests (kvs probes, 1 in kvprof_probe_sample_ratio); "
-        "_sum is estimated from the log2 buckets",
+        "Server-side latency of requests, from the kvs probes' samples, each counted as the "
+        "requests it stands for; _sum is estimated from the log2 buckets",
         ("opcode",),
     ),
     "finding_gain_if_fixed": (

@@ -19,7 +19,7 @@ static struct {
 
 int kv_lock_sample = KV_LOCK_SAMPLE_DEFAULT;
 __thread struct lock_pending kv_lock_pending;
-static __thread uint32_t lock_countdown;
+static __thread struct kv_sampler lock_sampler;
 
 void lock_init(kv_lock_t *l, enum lock_id id)
 {
@@ -43,18 +43,17 @@ __attribute__((noinline)) void kv_lock_contended(kv_lock_t *l)
     __atomic_fetch_add(&lock_counters[l->id].wait_ns, waited, __ATOMIC_RELAXED);
     /* A long wait always fires (the probe is small beside it, and a rare
      * long wait is named even in a short recording); a shorter one for 1 in
-     * kv_lock_sample. A futex sleep and wake-up takes tens of microseconds,
-     * so under contention most waits are of that length: firing for each was
+     * kv_lock_sample, or paced when that is 0 (struct kv_sampler). A futex
+     * sleep and wake-up takes tens of microseconds, so under contention most
+     * waits are of that length: firing for each was
      * most of what an attached kvprof cost the demo's server (docs/record.md,
      * "Overhead"). A wait nested in another pending one (its lock still
      * held) is not sampled: one pending wait per thread. */
     if (unlikely(KVS_LOCK_WAIT_DONE_ENABLED()) && kv_lock_pending.lock == NULL) {
-        if (waited >= KV_LOCK_ALWAYS_NS)
-            kv_lock_pending.weight = 1;
-        else if (sample_every(&lock_countdown, (uint32_t)kv_lock_sample))
-            kv_lock_pending.weight = kv_lock_sample;
-        else
+        uint32_t weight = waited >= KV_LOCK_ALWAYS_NS ? 1 : sample_weight(&lock_sampler, (uint32_t)kv_lock_sample);
+        if (weight == 0)
             return;
+        kv_lock_pending.weight = (int)weight;
         kv_lock_pending.lock = l;
         kv_lock_pending.wait_ns = waited;
     }

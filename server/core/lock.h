@@ -6,8 +6,8 @@
  * pthread trylock.
  *
  * lock__wait__done fires for every wait of KV_LOCK_ALWAYS_NS or more and for
- * 1 shorter contended wait in kv_lock_sample (per thread, random gaps; the
- * probe says how many waits it stands for), and only once
+ * a sample of the shorter contended waits (per thread, paced or 1 in
+ * kv_lock_sample; the probe says how many waits it stands for), and only once
  * the lock is released again: kv_lock_contended() leaves the sampled wait in
  * the thread's kv_lock_pending and kv_unlock() of that lock fires it, so the
  * probe's trap and program never lengthen the critical section a contended
@@ -58,9 +58,9 @@ struct lock_pending {
 };
 extern __thread struct lock_pending kv_lock_pending;
 
-#define KV_LOCK_SAMPLE_DEFAULT 64
+#define KV_LOCK_SAMPLE_DEFAULT 0 /* paced: see struct kv_sampler in trace.h */
 #define KV_LOCK_ALWAYS_NS (1u << 20) /* a wait this long (about 1 ms) always fires lock__wait__done */
-extern int kv_lock_sample; /* lock__wait__done for 1 contended wait in N (--lock-sample) */
+extern int kv_lock_sample; /* lock__wait__done for 1 shorter contended wait in N (--lock-sample); 0: paced */
 
 void lock_init(kv_lock_t *l, enum lock_id id);
 void lock_destroy(kv_lock_t *l);

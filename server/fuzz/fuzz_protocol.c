@@ -33,6 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* defined by main.c in kvcached */
 struct settings settings;
 int kv_probe_sample = KV_PROBE_SAMPLE_DEFAULT;
+int kv_probe_rate = KV_PROBE_RATE_DEFAULT;
 
 #define MEM_LIMIT (4 * 1024 * 1024)
 #define ITEM_SIZE_MAX (64 * 1024)

@@ -47,17 +47,17 @@ struct proto_conn {
     int64_t copy_bytes;
 };
 
-/* cmd__* sampling: one countdown per worker, one decision per request. */
-static __thread uint32_t cmd_countdown;
-static __thread int cmd_sampled;
+/* cmd__* sampling: one sampler per worker, one decision per request; the
+ * weight of the request being executed, 0 when it is not sampled. */
+static __thread struct kv_sampler cmd_sampler;
+static __thread uint32_t cmd_weight;
 
 static inline void op_begin(conn *c, enum opcode op, const char *key, size_t nkey, uint64_t t0)
 {
     struct proto_conn *pc = c->data;
     pc->op_start = t0;
-    cmd_sampled = 0;
-    if (unlikely(KVS_CMD_START_ENABLED() || KVS_CMD_DONE_ENABLED()) && sample_tick(&cmd_countdown)) {
-        cmd_sampled = 1;
+    cmd_weight = 0;
+    if (unlikely(KVS_CMD_START_ENABLED() || KVS_CMD_DONE_ENABLED()) && (cmd_weight = sample_tick(&cmd_sampler))) {
         /* The worker index from the connection, not the TLS variable: gcc
          * would describe that argument as %fs:(...), which BCC cannot read. */
         KVS_CMD_START(c->idx, (int)op, (char *)key, (int)nkey);
@@ -72,8 +72,11 @@ static inline uint64_t op_end(conn *c, enum opcode op, enum op_status status)
     uint64_t t1 = now_ns();
     uint64_t latency = t1 - pc->op_start;
     collect_timings(op, latency);
-    if (unlikely(cmd_sampled))
-        KVS_CMD_DONE(c->idx, (int)op, (int)status, latency);
+    if (unlikely(cmd_weight)) {
+        int weight = (int)cmd_weight; /* in a register, as BCC reads USDT arguments */
+        __asm__ volatile("" : "+r"(weight));
+        KVS_CMD_DONE(c->idx, (int)op, (int)status, latency, weight);
+    }
     return t1;
 }
 

@@ -60,18 +60,24 @@ int sites_switch(const char *site, size_t nsite, const char *mode, size_t nmode)
     return found ? 0 : -1;
 }
 
-/* atomic__sample sites, each with its own per-thread countdown so that a
- * fixed visiting order can never alias with the sampling period. */
+/* atomic__sample sites, each with its own per-thread sampler so that a
+ * fixed visiting order can never alias with the sampling period, and a
+ * paced one fires as often for a rare site as for a frequent one. */
 enum sample_site { SAMPLE_TIMINGS, SAMPLE_CREATE, SAMPLE_DELETE, SAMPLE_MEMORY, SAMPLE_SITES };
-static __thread uint32_t sample_countdown[SAMPLE_SITES];
+static __thread struct kv_sampler site_samplers[SAMPLE_SITES];
 
+/* The weight in a register: BCC cannot read a USDT argument the compiler
+ * left as a thread-local or %rip-relative operand. */
 #define SAMPLED_UPDATE(which, name, addr, update)                              \
     do {                                                                       \
-        if (unlikely(KVS_ATOMIC_SAMPLE_ENABLED()) && sample_tick(&sample_countdown[which])) { \
+        uint32_t w_;                                                           \
+        if (unlikely(KVS_ATOMIC_SAMPLE_ENABLED()) && (w_ = sample_tick(&site_samplers[which])) != 0) { \
             uint64_t t0_ = tsc_begin();                                        \
             update;                                                            \
             uint64_t t1_ = tsc_end();                                          \
-            KVS_ATOMIC_SAMPLE((void *)(addr), (char *)(name), t1_ - t0_);      \
+            int weight_ = (int)w_;                                             \
+            __asm__ volatile("" : "+r"(weight_));                              \
+            KVS_ATOMIC_SAMPLE((void *)(addr), (char *)(name), t1_ - t0_, weight_); \
         } else {                                                               \
             update;                                                            \
         }                                                                      \
