@@ -19,7 +19,9 @@ static struct {
 
 int kv_lock_sample = KV_LOCK_SAMPLE_DEFAULT;
 __thread struct lock_pending kv_lock_pending;
-static __thread struct kv_sampler lock_sampler;
+/* one sampler per lock name: a rarely contended lock is paced apart from a hot one,
+ * so that its few waits are not drawn as 1 in the hot lock's n */
+static __thread struct kv_sampler lock_samplers[LOCK_NAMES_MAX];
 
 void lock_init(kv_lock_t *l, enum lock_id id)
 {
@@ -45,12 +47,14 @@ __attribute__((noinline)) void kv_lock_contended(kv_lock_t *l)
      * long wait is named even in a short recording); a shorter one for 1 in
      * kv_lock_sample, or paced when that is 0 (struct kv_sampler). A futex
      * sleep and wake-up takes tens of microseconds, so under contention most
-     * waits are of that length: firing for each was
-     * most of what an attached kvprof cost the demo's server (docs/record.md,
-     * "Overhead"). A wait nested in another pending one (its lock still
-     * held) is not sampled: one pending wait per thread. */
+     * waits are of that length: firing for each was most of what an attached
+     * kvprof cost the demo's server (docs/record.md, "Overhead"). A wait
+     * nested in another pending one (its lock still held) is not sampled:
+     * one pending wait per thread. */
     if (unlikely(KVS_LOCK_WAIT_DONE_ENABLED()) && kv_lock_pending.lock == NULL) {
-        uint32_t weight = waited >= KV_LOCK_ALWAYS_NS ? 1 : sample_weight(&lock_sampler, (uint32_t)kv_lock_sample);
+        uint32_t weight = waited >= KV_LOCK_ALWAYS_NS
+                              ? 1
+                              : sample_weight(&lock_samplers[l->id], (uint32_t)kv_lock_sample);
         if (weight == 0)
             return;
         kv_lock_pending.weight = (int)weight;
