@@ -6,14 +6,15 @@ and ranked; kvprof.analysis.rows turns them into the rates `report` and
 `top` show, the exporter serves the counts, and kvprof.analysis.findings
 judges them. Data flows one way: model -> tables -> rows, findings -> views.
 
-Sampled probes are scaled here and nowhere else: kvcached fires
-`kvs:atomic__sample` and `kvs:cmd__done` for 1 event in N (its
---probe-sample, recorded in `profile.status.sample_rates`), so the tables'
-updates, transfers and request counts are the samples times N. Lock probes
-fire on every contended acquisition (scaled only if a rate is recorded for
-them). Off-CPU stacks are sampled too (1 switch-out in --offcpu-sample), but
-the collector scales their ns when it reads them, so a profile already holds
-estimates and nothing here scales them again. Percentiles come from
+Sampled probes carry their weights: kvcached fires `kvs:atomic__sample`,
+`kvs:cmd__done` and `kvs:lock__wait__done` for a sample of the events, each
+with the number it stands for, and the programs count each that many times,
+so a profile holds estimates. A profile recorded before the weights has the
+rate of the first two in `profile.status.sample_rates` (1 in N, its
+--probe-sample); it is scaled here and nowhere else: the tables' updates,
+transfers and request counts are its samples times N. Off-CPU stacks are
+sampled too (1 switch-out in --offcpu-sample), but the collector scales their
+ns when it reads them, so nothing here scales them again. Percentiles come from
 kvprof.model.histogram.
 """
 

@@ -14,11 +14,10 @@ and blocking waits); the cache lines from sampled registers are
 kvprof.analysis.lines'. `common` has the thresholds and what every rule
 shares, `summary` the one or two sentences of "how much".
 
-Sampled probes are scaled back: `kvs:atomic__sample` fires for 1 update in
-N (`profile.status.sample_rates["atomic__sample"]`, kvcached's
---probe-sample), so its samples and transfers are multiplied by N, and the
-finding says so. The lock probe says how many waits each event stands for,
-and the locks program counts it that many times. A finding whose collector
+Sampled probes count as the events they stand for: kvcached's probes carry
+their weights and the programs count each event that many times (a profile
+recorded before the weights has `profile.status.sample_rates["atomic__sample"]`,
+and its samples and transfers are multiplied by it: kvprof.analysis.tables). A finding whose collector
 cost the target more than a tenth of what it reports is flagged
 (`probe_effect`). Each finding's `cost["gain_if_fixed"]` is the throughput
 fixing it would give back (kvprof.analysis.whatif).
