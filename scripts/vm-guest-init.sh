@@ -51,6 +51,31 @@ die() {
     exit 1
 }
 
+# Each thread of a process: name, state, and where it sleeps in the kernel.
+threads_of() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        printf '%s %s %s; ' "$(cat "$t/comm")" "$(awk '{print $3}' "$t/stat")" "$(cat "$t/wchan")"
+    done
+}
+
+# kvload stops a connection once its batch is answered: stop it, and say why
+# when it does not stop (a batch the server never answered) instead of letting
+# the guest run into the host's timeout.
+stop_load() {
+    kill "$LOAD" 2>/dev/null
+    for _ in $(seq 200); do
+        kill -0 "$LOAD" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$LOAD" 2>/dev/null; then
+        say "kvload threads: $(threads_of "$LOAD")"
+        say "kvcached threads: $(threads_of "$SERVER")"
+        die "kvload did not stop within 20 s of SIGTERM: a batch was not answered (kvcached's log: $(tail -n 3 "$OUT/kvcached.log"))"
+    fi
+    wait "$LOAD" 2>/dev/null || true
+}
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tracefs tracefs /sys/kernel/tracing
@@ -162,8 +187,7 @@ kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvlo
 # stacks are taken inside BPF, on sched_switch, and every futex wait is counted
 # (the sampled default takes them from outside, and may see none in 3 s). As for
 # the first, the load stops while it compiles.
-kill "$LOAD" 2>/dev/null
-wait "$LOAD" 2>/dev/null || true
+stop_load
 t=$EPOCHREALTIME
 python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" --collectors oncpu,offcpu --offcpu-hz 0 \
     >"$OUT/record-stacks.log" 2>&1 &
