@@ -16,7 +16,7 @@
 
 __thread int kv_thread_idx;
 int kv_probe_sample = 1;
-int kv_probe_rate = KV_PROBE_RATE_DEFAULT;
+int kv_probe_rate = 1; /* unused: kv_probe_sample fixes the sampling */
 
 #define MEM (4u << 20)
 #define NOW 1000000000000ull /* a monotonic time well past 0 */
