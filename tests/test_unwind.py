@@ -235,14 +235,20 @@ def test_kvcached_baseline_stacks_rooted(kvcached_factory) -> None:
     assert not bare_addresses(profile)
 
 
-@pytest.mark.parametrize(("offcpu_hz", "within"), [(0, 0.10), (99, 0.25)], ids=["every-switch", "sampled"])
+@pytest.mark.parametrize(
+    ("offcpu_hz", "low", "high"), [(0, 0.9, 1.1), (99, 0.75, None)], ids=["every-switch", "sampled"]
+)
 def test_static_mutex_named_with_its_caller_and_wait_matches(
-    tmp_path: Path, started: list, offcpu_hz: int, within: float
+    tmp_path: Path, started: list, offcpu_hz: int, low: float, high: float | None
 ) -> None:
     """A named static mutex taken in a named function: the finding names both, and
     the futex wait total is within 10 % of the program's own clock when every
-    switch is timed; sampled (99 looks a second for 2 s at two threads that each
-    wait about half the time: some 200 samples, a standard error near 5 %), within 25 %."""
+    switch is timed. Sampled (99 looks a second for 2 s at two threads), the
+    waits are found, at no less than 3/4 of the program's clock; the estimate
+    has no upper bound here: on a machine with no idle CPU the sampling thread's
+    own CPU keeps the lock holder waiting for one and the short sleeps look
+    running, so the waits' share of the sleep reads high (docs/record.md,
+    "Off-CPU samples on a busy machine")."""
     binary = build(tmp_path, "ledger")
     proc = start(started, str(binary))
     assert proc.stdin is not None and proc.stdout is not None
@@ -258,7 +264,8 @@ def test_static_mutex_named_with_its_caller_and_wait_matches(
     waits = [f for f in profile.offcpu.futex if f.name == "ledger_lock"]
     assert waits, [(f.name, f.frames) for f in profile.offcpu.futex]
     measured = sum(f.ns for f in waits)
-    assert abs(measured - own_ns) <= within * own_ns, (measured, own_ns)
+    assert measured >= low * own_ns, (measured, own_ns)
+    assert high is None or measured <= high * own_ns, (measured, own_ns)
     finding = next(f for f in find(profile) if f.id.startswith("futex:"))
     assert finding.lock == "ledger_lock" and finding.where == "post_entry", finding
     assert "ledger_lock" in finding.title and "post_entry" in finding.title
