@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -55,3 +56,71 @@ def test_sigterm_is_a_keyboard_interrupt_inside_and_the_handlers_come_back() -> 
         ignore_stop_signals(signal.SIGHUP)
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+WATCHER = """
+import sys, threading, time
+from kvprof.system.attach import reclaim_cpu, starved_note, yield_cpu
+yield_cpu()
+def work():  # what kvprof does once attached, wanting a CPU all the time
+    while True:
+        sum(range(10000))
+threading.Thread(target=work, daemon=True).start()
+print("yielded", flush=True)
+for line in sys.stdin:
+    if line.strip() == "note":
+        print(starved_note(), flush=True)
+    elif line.strip() == "reclaim":
+        reclaim_cpu()
+        print("reclaimed", flush=True)
+"""
+
+
+def _policies(pid: int) -> set[tuple[int, int]]:
+    """(scheduling policy, nice) of every thread of `pid`."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add((os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid))))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
+    """A process that called yield_cpu() and then works: every thread SCHED_IDLE at
+    nice WATCH_NICE. Then every CPU kept busy by more nice-0 loops than CPUs: its
+    threads wait for a CPU over STARVED_S in a check, every thread goes back to
+    SCHED_OTHER (nice kept), and starved_note() says so. reclaim_cpu() leaves
+    SCHED_OTHER too."""
+    from kvprof.collect import WATCH_NICE
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WATCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    loops: list[subprocess.Popen[bytes]] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "yielded\n"
+        assert _policies(proc.pid) == {(os.SCHED_IDLE, WATCH_NICE)}
+        busy = "while True: pass"
+        loops = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range((os.cpu_count() or 1) + 1)]
+        deadline = time.monotonic() + 60
+        while _policies(proc.pid) != {(os.SCHED_OTHER, WATCH_NICE)} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _policies(proc.pid) == {(os.SCHED_OTHER, WATCH_NICE)}, _policies(proc.pid)
+        for loop in loops:
+            loop.kill()
+        proc.stdin.write("note\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().startswith(f"no idle CPU for kvprof: it ran at nice {WATCH_NICE} from ")
+        proc.stdin.write("reclaim\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "reclaimed\n"
+        assert _policies(proc.pid) == {(os.SCHED_OTHER, WATCH_NICE)}
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+        proc.kill()
+        proc.wait()

@@ -108,7 +108,11 @@ OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second 
 INLINE_FRAMES = True  # expand each address to the functions inlined there (docs/record.md: its cost)
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
-WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach.yield_cpu)
+WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach.yield_cpu), SCHED_IDLE too
+# ... and back to SCHED_OTHER at that nice once its threads waited for a CPU longer than
+# STARVED_S in all over one STARVE_CHECK_S: a machine with no idle CPU for kvprof's work
+STARVE_CHECK_S = 1.0
+STARVED_S = 0.5
 # `kvprof top`'s seconds between refreshes: each reads every map and redraws the screen,
 # CPU taken from a busy target (docs/top.md, "Overhead"); -i 1 for a livelier view.
 TOP_INTERVAL_S = 2.0

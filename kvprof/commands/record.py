@@ -214,7 +214,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     from kvprof.analysis.findings import find
     from kvprof.collect import CollectError
     from kvprof.collect.session import NO_BPF
-    from kvprof.system.attach import open_session, pause_on_signals, stop_on_signals
+    from kvprof.system.attach import open_session, pause_on_signals, starved_note, stop_on_signals
 
     try:
         session = open_session(opts.pid, opts.collectors, _collect_options(opts))
@@ -233,6 +233,9 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         raise RecordError("stopped before anything was collected")
     if interrupted:
         profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
+    starved = starved_note()
+    if starved:
+        profile.status.warnings.append(starved)
     if bpf and not opts.quiet:
         _progress(f"  {profile.window.duration_s:5.1f} s  {_summary_of(profile)}", final=True)
     profile.findings = find(profile)
@@ -244,7 +247,7 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
     """Attach, collect for opts.duration (the progress shown when `show`) and read the
     profile: (it, whether Ctrl-C or SIGTERM stopped it early); None when nothing was."""
     from kvprof.collect import CollectError
-    from kvprof.system.attach import yield_cpu
+    from kvprof.system.attach import reclaim_cpu, yield_cpu
 
     try:
         if show:
@@ -259,10 +262,12 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
         for _ in session.run(opts.duration, opts.interval, snapshots=False):
             if show:  # a snapshot when the target died: finish() reads the last
                 _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
+        reclaim_cpu()  # the last read and the profile must end, idle CPU or not
         return session.finish(), False
     except CollectError as e:
         raise RecordError(str(e)) from None
     except KeyboardInterrupt:
+        reclaim_cpu()
         try:
             return session.finish(), True
         except Exception:  # nothing to keep

@@ -19,12 +19,13 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from kvprof.collect import WATCH_NICE, CollectError, CollectOptions
+from kvprof.collect import STARVE_CHECK_S, STARVED_S, WATCH_NICE, CollectError, CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, NO_BPF, Session, TargetGone, describe_target, modules
 from kvprof.model.profile import Target
 
@@ -33,17 +34,84 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 
 def yield_cpu() -> None:
-    """Every thread of this process to nice WATCH_NICE, once the collectors are attached.
-    What kvprof does from then on (reading maps, symbolizing, drawing top's screen) then
-    runs on CPU time the target leaves idle and gives way when the target's threads want
-    the CPU, instead of taking a share of it from a target that keeps the CPUs busy;
-    threads started later inherit it (docs/record.md, "Overhead")."""
+    """Every thread of this process to SCHED_IDLE (and nice WATCH_NICE), once the
+    collectors are attached. What kvprof does from then on (reading maps, looking at
+    sleeping threads, symbolizing, drawing top's screen) then runs only on CPU time
+    nothing else on the machine wants, and a thread of the target's that wakes takes
+    the CPU from it at once; at nice 19 it still took a share of a CPU the target
+    wanted, and a woken target thread could wait for the end of its slice
+    (docs/record.md, "Overhead"). Threads started later inherit it.
+
+    A machine with no idle CPU at all would starve it: a watchdog thread, idle too,
+    adds up every STARVE_CHECK_S how long the process's threads waited for a CPU, and
+    once that is more than STARVED_S it puts every thread back to SCHED_OTHER at nice
+    WATCH_NICE for the rest of the run (starved_note() then says so)."""
+    global _watchdog
+    _set_policy(os.SCHED_IDLE)
+    _idle.set()
+    if _watchdog is None:
+        _watchdog = threading.Thread(target=_watch_starvation, name="kvprof-starve", daemon=True)
+        _watchdog.start()
+
+
+def reclaim_cpu() -> None:
+    """Every thread back to SCHED_OTHER at nice WATCH_NICE: before work that has to
+    end (record's last read and the profile it writes, top's detach), and when idle
+    time never comes."""
+    _idle.clear()
+    _set_policy(os.SCHED_OTHER)
+
+
+def starved_note() -> str | None:
+    """One line when the watchdog found no idle CPU and kvprof took its share at nice
+    WATCH_NICE from then on, else None."""
+    if _starved_at is None:
+        return None
+    return f"no idle CPU for kvprof: it ran at nice {WATCH_NICE} from {_starved_at:.0f} s after attaching"
+
+
+_idle = threading.Event()  # yield_cpu() set it, reclaim_cpu() cleared it
+_watchdog: threading.Thread | None = None
+_starved_at: float | None = None
+
+
+def _set_policy(policy: int) -> None:
     for tid in os.listdir("/proc/self/task"):
         try:
             if os.getpriority(os.PRIO_PROCESS, int(tid)) < WATCH_NICE:
                 os.setpriority(os.PRIO_PROCESS, int(tid), WATCH_NICE)
+            if os.sched_getscheduler(int(tid)) != policy:
+                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
         except OSError:  # a thread that ended meanwhile
             pass
+
+
+def _waited_ns() -> int:
+    """How long this process's threads have waited for a CPU, in all (schedstat's run delay)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total
+
+
+def _watch_starvation() -> None:
+    """Every STARVE_CHECK_S: starving when this process's threads waited longer than
+    STARVED_S for a CPU, in all, since the last check (a process stopped by SIGSTOP is
+    not waiting; one with nothing to do does not wait either)."""
+    global _starved_at
+    start = time.monotonic()
+    before = _waited_ns()
+    while True:
+        time.sleep(STARVE_CHECK_S)
+        waited = _waited_ns()
+        if waited - before > STARVED_S * 1e9 and _idle.is_set():
+            _starved_at = time.monotonic() - start
+            reclaim_cpu()
+        before = waited
 
 
 def not_ours(pid: int) -> str:
