@@ -124,3 +124,14 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
             loop.wait()
         proc.kill()
         proc.wait()
+
+
+def test_reclaim_leaves_a_process_that_never_yielded_alone() -> None:
+    """reclaim_cpu() in a process that never called yield_cpu() (a test driving top's
+    screen, a replay) changes neither its threads' policy nor their nice: its children
+    (servers and loads started by the tests) would inherit them."""
+    from kvprof.system.attach import reclaim_cpu
+
+    before = _policies(os.getpid())
+    reclaim_cpu()
+    assert _policies(os.getpid()) == before

@@ -47,7 +47,7 @@ def yield_cpu() -> None:
     once that is more than STARVED_S it puts every thread back to SCHED_OTHER at nice
     WATCH_NICE for the rest of the run (starved_note() then says so)."""
     global _watchdog
-    _set_policy(os.SCHED_IDLE)
+    _set_policy(os.SCHED_IDLE, nice=WATCH_NICE)
     _idle.set()
     if _watchdog is None:
         _watchdog = threading.Thread(target=_watch_starvation, name="kvprof-starve", daemon=True)
@@ -55,9 +55,12 @@ def yield_cpu() -> None:
 
 
 def reclaim_cpu() -> None:
-    """Every thread back to SCHED_OTHER at nice WATCH_NICE: before work that has to
-    end (record's last read and the profile it writes, top's detach), and when idle
-    time never comes."""
+    """Every thread back to SCHED_OTHER (at the nice yield_cpu() gave it) when
+    yield_cpu() was called: before work that has to end (record's last read and the
+    profile it writes, top's detach), and when idle time never comes. A process that
+    never yielded (a test driving top's screen, a replay) is left as it is."""
+    if not _idle.is_set():
+        return
     _idle.clear()
     _set_policy(os.SCHED_OTHER)
 
@@ -75,11 +78,11 @@ _watchdog: threading.Thread | None = None
 _starved_at: float | None = None
 
 
-def _set_policy(policy: int) -> None:
+def _set_policy(policy: int, nice: int | None = None) -> None:
     for tid in os.listdir("/proc/self/task"):
         try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < WATCH_NICE:
-                os.setpriority(os.PRIO_PROCESS, int(tid), WATCH_NICE)
+            if nice is not None and os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
             if os.sched_getscheduler(int(tid)) != policy:
                 os.sched_setscheduler(int(tid), policy, os.sched_param(0))
         except OSError:  # a thread that ended meanwhile
