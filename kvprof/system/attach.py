@@ -27,6 +27,7 @@ from types import FrameType
 
 from kvprof.collect import STARVE_CHECK_S, STARVED_S, WATCH_NICE, CollectError, CollectOptions
 from kvprof.collect.session import ALL_COLLECTORS, NO_BPF, Session, TargetGone, describe_target, modules
+from kvprof.collect.thread_sockets import run_delays
 from kvprof.model.profile import Target
 
 NEEDS_ROOT = "loading BPF programs needs root (or CAP_BPF and CAP_PERFMON): run it with sudo"
@@ -90,15 +91,8 @@ def _set_policy(policy: int, nice: int | None = None) -> None:
 
 
 def _waited_ns() -> int:
-    """How long this process's threads have waited for a CPU, in all (schedstat's run delay)."""
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
-            pass
-    return total
+    """How long this process's threads have waited for a CPU, in all."""
+    return sum(run_delays(os.getpid()).values())
 
 
 def _watch_starvation() -> None:
