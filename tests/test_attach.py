@@ -59,8 +59,9 @@ def test_sigterm_is_a_keyboard_interrupt_inside_and_the_handlers_come_back() -> 
 
 
 WATCHER = """
-import sys, threading, time
+import subprocess, sys, threading, time
 from kvprof.system.attach import reclaim_cpu, starved_note, yield_cpu
+from kvprof.system.servers import die_with_parent
 yield_cpu()
 def work():  # what kvprof does once attached, wanting a CPU all the time
     while True:
@@ -70,6 +71,9 @@ print("yielded", flush=True)
 for line in sys.stdin:
     if line.strip() == "note":
         print(starved_note(), flush=True)
+    elif line.strip() == "spawn":  # as a server or a load is started
+        child = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent)
+        print(child.pid, flush=True)
     elif line.strip() == "reclaim":
         reclaim_cpu()
         print("reclaimed", flush=True)
@@ -92,7 +96,8 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
     nice WATCH_NICE. Then every CPU kept busy by more nice-0 loops than CPUs: its
     threads wait for a CPU over STARVED_S in a check, every thread goes back to
     SCHED_OTHER (nice kept), and starved_note() says so. reclaim_cpu() leaves
-    SCHED_OTHER too."""
+    SCHED_OTHER too. A process it starts meanwhile, as servers and loads are
+    started, runs as this test's process does, not on idle time."""
     from kvprof.collect import WATCH_NICE
 
     proc = subprocess.Popen(
@@ -103,6 +108,13 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline() == "yielded\n"
         assert _policies(proc.pid) == {(os.SCHED_IDLE, WATCH_NICE)}
+        proc.stdin.write("spawn\n")
+        proc.stdin.flush()
+        child = int(proc.stdout.readline())
+        try:
+            assert _policies(child) == {(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))}
+        finally:
+            os.kill(child, signal.SIGKILL)
         busy = "while True: pass"
         loops = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range((os.cpu_count() or 1) + 1)]
         deadline = time.monotonic() + 60

@@ -46,8 +46,13 @@ def yield_cpu() -> None:
     A machine with no idle CPU at all would starve it: a watchdog thread, idle too,
     adds up every STARVE_CHECK_S how long the process's threads waited for a CPU, and
     once that is more than STARVED_S it puts every thread back to SCHED_OTHER at nice
-    WATCH_NICE for the rest of the run (starved_note() then says so)."""
-    global _watchdog
+    WATCH_NICE for the rest of the run (starved_note() then says so).
+
+    A process it starts afterwards (a server, a load) would inherit both from the
+    thread that starts it: those go through as_before_yield() (servers.die_with_parent)."""
+    global _watchdog, _before
+    if _before is None:
+        _before = (os.sched_getscheduler(os.getpid()), os.getpriority(os.PRIO_PROCESS, os.getpid()))
     _set_policy(os.SCHED_IDLE, nice=WATCH_NICE)
     _idle.set()
     if _watchdog is None:
@@ -66,6 +71,20 @@ def reclaim_cpu() -> None:
     _set_policy(os.SCHED_OTHER)
 
 
+def as_before_yield() -> None:
+    """In a child between fork and exec: the scheduling policy and nice this process
+    had before yield_cpu(), so that a server or load kvprof starts once attached does
+    not run on idle time. Nothing when it never yielded."""
+    if _before is None:
+        return
+    policy, nice = _before
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:  # not root: a lower nice needs CAP_SYS_NICE; the child keeps WATCH_NICE
+        pass
+
+
 def starved_note() -> str | None:
     """One line when the watchdog found no idle CPU and kvprof took its share at nice
     WATCH_NICE from then on, else None."""
@@ -76,6 +95,7 @@ def starved_note() -> str | None:
 
 _idle = threading.Event()  # yield_cpu() set it, reclaim_cpu() cleared it
 _watchdog: threading.Thread | None = None
+_before: tuple[int, int] | None = None  # (policy, nice) of the main thread before yield_cpu()
 _starved_at: float | None = None
 
 

@@ -26,6 +26,7 @@ from kvprof.collect.server_stats import (
     TargetError as TargetError,  # raised here too: one error type for servers
 )
 from kvprof.collect.server_stats import stats
+from kvprof.system.attach import as_before_yield
 
 KVCACHED = SERVER_BUILD / "kvcached"
 KVLOAD = SERVER_BUILD / "kvload"
@@ -40,6 +41,7 @@ def die_with_parent() -> None:
     or test run never leaves a server behind. Own session: a Ctrl-C meant
     for the caller is the caller's to handle, and it stops us by PID."""
     os.setsid()
+    as_before_yield()  # not kvprof's idle time once it attached (system.attach.yield_cpu)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
