@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,12 @@ if AGAINST not in ("kvcached", "memcached"):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Tests stop the commands they start with SIGINT, as Ctrl-C does. A suite started
+    # in the background by a shell without job control (`make test &`, nohup) inherits
+    # SIGINT ignored, and an ignored signal stays ignored across exec: every child would
+    # then ignore it too. A handler is not inherited: children start with the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers",
         "kvcached_only(reason): pins a kvcached detail memcached does differently; "
