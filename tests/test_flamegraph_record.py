@@ -141,14 +141,19 @@ def test_flame_graphs_of_kvcached_baseline_and_fixed(
     measured = sum(ls.wait_ns for ls in topkeys_stacks if "update_topkeys" in ls.frames)
     assert drawn == measured > 0, (drawn, measured)
 
-    # diff, locks: fixed has no topkeys waits, so in baseline's shape they are all blue.
+    # diff, locks: fixed has no topkeys waits, so in baseline's shape they are all blue,
+    # but a stack whose share was under SAME_BELOW (one sampled short wait beside the
+    # others: a CI run beside load drew one of 671 ns next to 11.2 ms), which is grey.
     # The diffs are drawn with no pruning: a short window's waits may be narrower than
     # the default's 0.1 px, beside the epoll waits in particular.
     unpruned = ("--negate", "--min-width", "0")
     _kvprof("diff", str(base), str(fixed), "--kind", "locks", *unpruned, "-o", str(tmp_path / "dl.svg"))
     diff_doc = read_svg(tmp_path / "dl.svg")
     topkeys = diff_doc.named("update_topkeys") + diff_doc.named("[lock topkeys]")
-    assert topkeys and all(_is_blue(f) for f in topkeys), [(f.name, f.cls, f.tip) for f in topkeys]
+    locks_total = int(diff_doc.attr("total"))  # --negate: baseline's shape and total
+    assert any(_is_blue(f) for f in topkeys), [(f.name, f.cls, f.tip) for f in topkeys]
+    for f in topkeys:
+        assert f.cls == "same" if f.value / locks_total < SAME_BELOW else _is_blue(f), (f.name, f.cls, f.tip)
 
     # diff, off-CPU: baseline's threads slept on the topkeys mutex (a futex wait under
     # update_topkeys), fixed's cannot (it has no mutex there). Shares of all off-CPU
