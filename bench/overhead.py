@@ -86,6 +86,7 @@ TUI process's own CPU too.
                                             [--tools record,top,...]
     sudo .venv/bin/python bench/overhead.py --mode toggle [--pairs 60] [--seconds 1] [--settle 1]
                                             [--toggle both|programs|process] [--tools ...]
+                                            [--probe-rate R] [--probe-sample N]  (kvcached's)
     sudo .venv/bin/python bench/overhead.py --mode pair [--pairs 60] [--seconds 2] [--load-threads 1]
                                             [--preset baseline|fixed] [--watch top]
     sudo .venv/bin/python bench/overhead.py --mode reattach ...
@@ -852,7 +853,7 @@ def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> Non
                 profile = continuous_profile(tool, server.pid, tmp)
                 cost = own_cost(profile) if profile is not None else None
                 share = cost.share if cost is not None else None
-                if tool == "record" and profile is not None:
+                if profile is not None:
                     where_it_goes([profile])
             results[tool] = (ratios, share)
         print(f"\n{'tool':<20} {'ratio median':>12} {'IQR':>13} {'min-max':>13} {'loss':>6} {'own-cost':>9}")
@@ -934,6 +935,7 @@ def main() -> int:
     ap.add_argument(
         "--probe-sample", type=int, default=0, help="kvcached's --probe-sample (default: its own)"
     )
+    ap.add_argument("--probe-rate", type=int, default=0, help="kvcached's --probe-rate (default: its own)")
     ap.add_argument("--preset", default="baseline", choices=("baseline", "fixed"), help="kvcached's preset")
     ap.add_argument("--reattach", action="store_true", help="one server, record attached anew for each pair")
     ap.add_argument(
@@ -960,6 +962,7 @@ def main() -> int:
         print("overhead: needs root (kvprof record loads BPF programs)", file=sys.stderr)
         return 2
     sample = ["--probe-sample", str(args.probe_sample)] if args.probe_sample else []
+    sample += ["--probe-rate", str(args.probe_rate)] if args.probe_rate else []
     placement = Placement()
     # a descriptor, not the sysctl: a bench killed midway then leaves the statistics as they were
     stats = enable_stats()
