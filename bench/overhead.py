@@ -670,6 +670,8 @@ def where_it_goes(profiles: list[Profile]) -> None:
                 (r.events_per_s, r.ns_per_event, r.bpf_ns / s / 1e6, (r.trap_ns + r.interrupt_ns) / s / 1e6,
                  r.share)
             )  # fmt: skip
+    if not rows:  # offcpu's looks alone: no program of the target's, only the process (its own-cost column)
+        return
     o = profiles[0].overhead
     print(f"\nwhere record's cost goes (medians over its windows; uprobe traps at {o.uprobe_hit_ns:.0f} ns "
           f"per hit, samples on the target at {o.sample_interrupt_ns:,.0f} ns):")  # fmt: skip
