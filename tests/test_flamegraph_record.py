@@ -142,8 +142,8 @@ def test_flame_graphs_of_kvcached_baseline_and_fixed(
     assert drawn == measured > 0, (drawn, measured)
 
     # diff, locks: fixed has no topkeys waits, so in baseline's shape they are all blue,
-    # but a stack whose share was under SAME_BELOW (one sampled short wait beside the
-    # others: a CI run beside load drew one of 671 ns next to 11.2 ms), which is grey.
+    # but a stack whose share was under SAME_BELOW (one sampled short wait beside far
+    # longer ones, as a run beside other load can draw), which is grey.
     # The diffs are drawn with no pruning: a short window's waits may be narrower than
     # the default's 0.1 px, beside the epoll waits in particular.
     unpruned = ("--negate", "--min-width", "0")
