@@ -25,7 +25,7 @@ from kvprof.collect import OFFCPU_HZ, CollectOptions
 from kvprof.model.delta import delta
 from kvprof.model.profile import Profile
 from kvprof.model.topology import parse_cpulist
-from kvprof.system.servers import Server, kvload_binary
+from kvprof.system.servers import Server, die_with_parent, kvload_binary
 
 pytestmark = pytest.mark.bpf
 
@@ -183,6 +183,26 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
             assert by_thread[tid] == total
         elif by_thread[tid] or sample < 0:  # timed at every switch, one with no period drawn has no stack
             assert abs(by_thread[tid] - total) <= stacks[tid], (by_thread[tid], total)
+
+
+def test_sampled_sleep_is_read_once() -> None:
+    """A thread asleep all along (sleep(1)'s) is read in full at the first look only:
+    its schedstat says it has not been switched in since, so every later look counts
+    that sample again (offcpu.samples_reused) and its sampled time is one stack."""
+    proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent)
+    try:
+        with collecting(proc.pid, offcpu_hz=99) as (collectors, _):
+            time.sleep(1.0)
+            profile = snapshot(proc.pid, collectors)
+    finally:
+        proc.kill()
+        proc.wait()
+    counters = profile.status.counters
+    assert counters["offcpu.samples"] > 10, counters
+    assert counters["offcpu.samples_reused"] == counters["offcpu.samples"] - 1, counters
+    placed = [s for s in profile.offcpu.stacks if not s.placeless()]
+    assert len(placed) == 1, [(s.ns, s.frames) for s in profile.offcpu.stacks]
+    assert any("nanosleep" in f for f in placed[0].frames), placed[0].frames
 
 
 def test_close_detaches_and_target_keeps_serving(kvcached_factory: Callable[..., Server]) -> None:

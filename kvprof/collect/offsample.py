@@ -17,6 +17,13 @@ a second, a thread of kvprof's looks at each thread of the target:
 - its user stack is walked here from /proc/PID/mem with the unwind tables
   (unwind.Unwinder.walk: the rules probes/unwind.h walks by in BPF).
 
+A look's CPU is CPU the target could have had (on a busy machine even at
+SCHED_IDLE), so a look reads no more than it must: a thread whose schedstat
+says it has not been switched in since its last sample is in the same sleep,
+and that sample counts again with nothing else read; the threads are listed
+again only when /proc/PID/task's link count (their number) changes, or once a
+second; the stack is read a page at a time, as far as the walk goes.
+
 A target with more threads than OFFCPU_LOOKS / offcpu_hz has a slice of them
 looked at each time, in turn, so that kvprof's own CPU does not grow with the
 target's threads. Each kept sample stands for the time since that thread's
@@ -59,12 +66,20 @@ from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
 RECORD = struct.Struct(f"<QQQq{KFRAMES}Q")  # struct offsample_rec
-STACK_READ = 16384  # bytes of a sleeping thread's stack read at once, from its saved sp
+STACK_READ = 4096  # bytes of a sleeping thread's stack read at once from its saved sp, more as the walk needs
+STACK_MAX = 65536  # ... up to this many
+# the target's threads listed again when their count changed, and at least this often (one
+# that ends while another starts leaves the count as it was)
+LIST_EVERY_NS = 1_000_000_000
 SYS_FUTEX = 202  # x86-64
 # futex(2) operations that put the caller to sleep (op & FUTEX_CMD_MASK): WAIT,
 # LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
 FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+
+# (tid, user ips, why the walk stopped, kernel ips)
+StackKey = tuple[int, tuple[int, ...], str, tuple[int, ...]]
+FutexKey = tuple[int, int, tuple[int, ...], str]  # (tid, word, user ips, why)
 
 
 @dataclass
@@ -78,6 +93,8 @@ class _Thread:
     looked: int = 0  # monotonic ns of its last look
     runs: int = 0  # times it was switched in, at the last look
     wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
+    # its last sample while it has not run since: (runs, stack key, futex key or None)
+    asleep: tuple[int, StackKey, FutexKey | None] | None = None
 
 
 @dataclass
@@ -85,6 +102,7 @@ class _Snapshot(OffCpuSnapshot):
     looks: int = 0
     samples: int = 0
     failed: int = 0  # samples not taken: a thread gone between the reads, or no iterator
+    reused: int = 0  # samples that were the thread's previous one (it had not run since)
 
 
 def _pread_text(fd: int) -> str:
@@ -109,12 +127,13 @@ class OffSampleCollector(BpfCollector):
         self._data = DataNames(pid)
         self._threads: dict[int, _Thread] = {}
         self._gone: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}  # tid -> (first, last)
-        # (tid, user ips, why the walk stopped, kernel ips) -> sampled ns;
-        # futex: (tid, word, ips, why) -> [waits, ns]
-        self._stacks: dict[tuple[int, tuple[int, ...], str, tuple[int, ...]], int] = defaultdict(int)
-        self._futex: dict[tuple[int, int, tuple[int, ...], str], list[int]] = {}
+        self._stacks: dict[StackKey, int] = defaultdict(int)  # -> sampled ns
+        self._futex: dict[FutexKey, list[int]] = {}  # -> [waits, ns]
         self._looks = self._samples = self._failed = 0
         self._next_after = 0  # the last tid looked at, when a look takes a slice of the threads
+        self._listed = (0, 0)  # (monotonic ns, links of /proc/PID/task) at the last listing of its threads
+        self._tasks = -1  # open /proc/PID/task: its link count follows the number of threads
+        self._reused = 0  # samples that were a thread's previous one: it had not run since
         self._lock = threading.Lock()
         self._sampling = threading.Event()
         self._stop = threading.Event()
@@ -146,6 +165,7 @@ class OffSampleCollector(BpfCollector):
         try:
             self.unwinder.prepare()
             self._mem = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY)
+            self._tasks = os.open(f"/proc/{self.pid}/task", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
             raise CollectError(f"offcpu: cannot read the target's maps or memory ({e.strerror})") from None
         self._fn_fd = module.bpf.load_func(b"bpf_iter__task", BPF.TRACING).fd
@@ -202,9 +222,10 @@ class OffSampleCollector(BpfCollector):
                 os.close(th.syscall)
                 os.close(th.schedstat)
             self._threads.clear()
-        if self._mem >= 0:
-            os.close(self._mem)
-            self._mem = -1
+        for fd in (self._mem, self._tasks):
+            if fd >= 0:
+                os.close(fd)
+        self._mem = self._tasks = -1
 
     # ---- the looks, in kvprof's sampling thread ------------------------------------
 
@@ -225,13 +246,14 @@ class OffSampleCollector(BpfCollector):
         """Look at the next threads in turn, all of them when they are no more than
         OFFCPU_LOOKS / offcpu_hz; a sleeping thread's sample counts the ns since its
         last look, up to two of its turns (a pause is not a sample's time). `period` 0:
-        every thread's start, no sample."""
-        try:
-            tids = sorted(int(t) for t in os.listdir(f"/proc/{self.pid}/task"))
-        except OSError:  # the target is gone
-            tids = []
-        for tid in set(self._threads) - set(tids):
-            self._forget(tid)
+        every thread's start, no sample.
+
+        What a look costs is CPU the target's threads could have had, so it reads no
+        more than it needs: the threads are listed again (new ones found) when their
+        number changed, a gone one shows as a failed read; and a thread that has not run
+        since its last sample (its schedstat's count of switches in is the same) is in
+        the same sleep, so that sample counts again, with nothing else read."""
+        tids = self._tids(now, period)
         self._looks += bool(period)
         per_look = max(1, OFFCPU_LOOKS // self.opts.offcpu_hz)
         if period and len(tids) > per_look:  # the next slice, after the last tid looked at
@@ -246,7 +268,14 @@ class OffSampleCollector(BpfCollector):
             weight, th.looked = min(now - th.looked, 2 * turn), now
             try:
                 th.last, th.runs = _schedstat(th.schedstat, now)
-                call = _pread_text(th.syscall).split() if period and weight else ["running"]
+                if not (period and weight):
+                    continue
+                if th.asleep is not None and th.asleep[0] == th.runs:
+                    self._count(th, th.asleep[1], th.asleep[2], weight)
+                    self._reused += 1
+                    continue
+                th.asleep = None
+                call = _pread_text(th.syscall).split()
             except (OSError, ValueError):  # gone meanwhile
                 self._forget(tid)
                 continue
@@ -255,6 +284,25 @@ class OffSampleCollector(BpfCollector):
                     self._sample(th, call, weight)
                 except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
                     self._failed += 1
+
+    def _tids(self, now: int, period: int) -> list[int]:
+        """The target's threads: listed again at the first look, when their number
+        changed and once every LIST_EVERY_NS, else the ones known (those gone are
+        forgotten here)."""
+        try:
+            links = os.fstat(self._tasks).st_nlink
+        except OSError:  # the target is gone
+            links = -1
+        if period and links == self._listed[1] and now - self._listed[0] < LIST_EVERY_NS:
+            return sorted(self._threads)
+        self._listed = (now, links)
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{self.pid}/task"))
+        except OSError:  # the target is gone
+            tids = []
+        for tid in set(self._threads) - set(tids):
+            self._forget(tid)
+        return tids
 
     def _new(self, tid: int, now: int) -> _Thread | None:
         try:
@@ -319,11 +367,21 @@ class OffSampleCollector(BpfCollector):
             ips, why = (pc,), "stack not readable"
         else:
             ips, why = self._walk(pc, sp, bp, stack)
-        self._samples += 1
-        self._stacks[(th.tid, ips, why, kernel)] += weight
+        key = (th.tid, ips, why, kernel)
+        futex: FutexKey | None = None
         if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
-            word = args[0]
-            entry = self._futex.setdefault((th.tid, word, ips, why), [0, 0])
+            futex = (th.tid, args[0], ips, why)
+        self._count(th, key, futex, weight)
+        if not ran:
+            th.asleep = (th.runs, key, futex)
+
+    def _count(self, th: _Thread, key: StackKey, futex: FutexKey | None, weight: int) -> None:
+        """One sample of `th` with this stack (and futex wait: (tid, word, ips, why))."""
+        self._samples += 1
+        self._stacks[key] += weight
+        if futex is not None:
+            word = futex[1]
+            entry = self._futex.setdefault(futex, [0, 0])
             entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
             entry[1] += weight
             th.wait = (word, th.runs)
@@ -336,13 +394,25 @@ class OffSampleCollector(BpfCollector):
             return b""
 
     def _walk(self, ip: int, sp: int, bp: int, stack: bytes) -> tuple[tuple[int, ...], str]:
-        """The user stack from these registers; `stack`: the memory from sp on, read at once."""
+        """The user stack from these registers; `stack`: the memory from sp on, read
+        STACK_READ bytes at a time as far as the walk goes (STACK_MAX at most), single
+        words beyond."""
         if not ip or not sp:
             return (), "root"
+        buf = bytearray(stack)
+        end = [len(stack) < STACK_READ]  # a short read: the end of what can be read
 
         def read(addr: int) -> int | None:
-            if sp <= addr and addr + 8 <= sp + len(stack):
-                return int.from_bytes(stack[addr - sp : addr - sp + 8], "little")
+            if not end[0] and sp + len(buf) < addr + 8 <= sp + STACK_MAX:
+                want = min(STACK_MAX, addr + 8 - sp + STACK_READ) - len(buf)
+                try:
+                    more = os.pread(self._mem, want, sp + len(buf))
+                except (OSError, OverflowError):
+                    more = b""
+                buf.extend(more)
+                end[0] = len(more) < want
+            if sp <= addr and addr + 8 <= sp + len(buf):
+                return int.from_bytes(buf[addr - sp : addr - sp + 8], "little")
             try:
                 word = os.pread(self._mem, 8, addr)
             except (OSError, OverflowError):
@@ -366,7 +436,7 @@ class OffSampleCollector(BpfCollector):
             stacks = dict(self._stacks)
             futex = {k: list(v) for k, v in self._futex.items()}
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
-            looks, samples, failed = self._looks, self._samples, self._failed
+            looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
         offcpu_ns: dict[int, int] = {}
         runnable_ns: dict[int, int] = {}
         for tid, ((t0, run0, delay0), (t1, run1, delay1)) in spans.items():
@@ -402,6 +472,7 @@ class OffSampleCollector(BpfCollector):
             looks=looks,
             samples=samples,
             failed=failed,
+            reused=reused,
         )
 
     def _frames(self, ips: tuple[int, ...], why: str, kernel: tuple[int, ...]) -> tuple[str, ...]:
@@ -415,6 +486,7 @@ class OffSampleCollector(BpfCollector):
         counters["offcpu.looks"] = snap.looks
         counters["offcpu.samples"] = snap.samples
         counters["offcpu.sample_errors"] = snap.failed
+        counters["offcpu.samples_reused"] = snap.reused
         counters["offcpu.futex_waits"] = sum(f.waits for f in snap.futex)
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
 
