@@ -186,7 +186,7 @@ def test_offcpu_stacks_add_up_to_thread_totals(kvcached_factory: Callable[..., S
 
 
 def test_sampled_sleep_is_read_once() -> None:
-    """A thread asleep all along (sleep(1)'s) is read in full at the first look only:
+    """A thread asleep all along (`sleep 60`'s) is read in full at the first look only:
     its schedstat says it has not been switched in since, so every later look counts
     that sample again (offcpu.samples_reused) and its sampled time is one stack."""
     proc = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent)

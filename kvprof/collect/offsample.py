@@ -246,13 +246,8 @@ class OffSampleCollector(BpfCollector):
         """Look at the next threads in turn, all of them when they are no more than
         OFFCPU_LOOKS / offcpu_hz; a sleeping thread's sample counts the ns since its
         last look, up to two of its turns (a pause is not a sample's time). `period` 0:
-        every thread's start, no sample.
-
-        What a look costs is CPU the target's threads could have had, so it reads no
-        more than it needs: the threads are listed again (new ones found) when their
-        number changed, a gone one shows as a failed read; and a thread that has not run
-        since its last sample (its schedstat's count of switches in is the same) is in
-        the same sleep, so that sample counts again, with nothing else read."""
+        every thread's start, no sample. A thread not switched in since its last sample
+        counts that sample again, nothing else read (the module's docstring says why)."""
         tids = self._tids(now, period)
         self._looks += bool(period)
         per_look = max(1, OFFCPU_LOOKS // self.opts.offcpu_hz)
