@@ -18,7 +18,7 @@
 /* --probe-rate's default: a paced sampler fires about this many times a
  * second, per thread and per site. kvprof needs no copy of it: every sampled
  * probe says how many events it stands for. */
-#define KV_PROBE_RATE_DEFAULT 64
+#define KV_PROBE_RATE_DEFAULT 16
 #define KV_PROBE_SAMPLE_DEFAULT 0 /* paced */
 extern int kv_probe_rate;   /* paced samplers: firings a second per thread and site (--probe-rate) */
 extern int kv_probe_sample; /* per-request probes: 1 request in N (--probe-sample N); 0: paced */
