@@ -1,7 +1,7 @@
 // One cpu-clock event per CPU for every sampler of a module.
 //
 // Each timer interrupt of a sampling event costs the target far more than the
-// programs that run at it, measured on a KVM guest (docs/record.md, "One
+// programs that run at it, measured on a KVM guest (docs/overhead-log.md, "One
 // clock for the samplers"; why is not known), so oncpu and
 // regsample do not open one event each: kvprof/collect/bpf.py (CpuClock)
 // attaches kv_cpu_clock alone, at the on-CPU rate, and it runs the sampler

@@ -3,7 +3,7 @@ the `offcpu` collector by default (CollectOptions.offcpu_hz > 0).
 
 Nothing runs at the target's switches: the cost of kvprof.collect.offcpu, whose
 program runs at every switch of the machine, is the attachment itself, however
-little the program does (docs/record.md, "Runs 40-46"). Instead, offcpu_hz times
+little the program does (docs/overhead-log.md, "Runs 40-44" and "Runs 45-46"). Instead, offcpu_hz times
 a second, a thread of kvprof's looks at each thread of the target:
 
 - /proc/PID/task/TID/schedstat says how long it has run and waited for a CPU;
