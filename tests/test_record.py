@@ -92,7 +92,7 @@ def test_baseline_profile_names_the_contention(
     assert p.target.kvs_probes and p.target.pid == server.pid
     assert {"oncpu", "offcpu", "locks", "cachelines", "requests"} <= set(p.collectors)
     # on-CPU samples land in the kvs programs too: none of BPF's own frames is kept
-    # (off-CPU stacks are sampled from outside, 19 looks a second: a futex wait of
+    # (off-CPU stacks are sampled from outside, OFFCPU_HZ looks a second: a futex wait of
     # this load is short, and some recordings see none)
     assert p.oncpu and p.offcpu.stacks
     assert not bpf_frames(p), bpf_frames(p)

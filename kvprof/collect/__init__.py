@@ -98,7 +98,7 @@ STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 # Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
 # 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
-OFFCPU_HZ = 19
+OFFCPU_HZ = 5
 # ... and at most this many threads a second in all: a target with more threads than
 # OFFCPU_LOOKS / OFFCPU_HZ has each of them looked at less often, in turn
 OFFCPU_LOOKS = 1000
