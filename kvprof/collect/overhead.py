@@ -1,7 +1,7 @@
 """What kvprof itself costs while it watches: the run time of each of its BPF
 programs, the uprobe hits they were fired by, and the CPU time of the kvprof
 process, over the window. The session reads it with every snapshot
-(Profile.overhead); kvprof.analysis.tables.own_cost turns it into a share of
+(Profile.overhead); kvprof.analysis.own_cost turns it into a share of
 the target.
 
 The kernel counts a program's run time only while BPF run-time statistics are

@@ -257,7 +257,7 @@ class ProgramCost:
 @dataclass
 class Overhead:
     """What kvprof itself cost during the window (kvprof.collect.overhead):
-    kvprof.analysis.tables.own_cost turns it into a share of the target."""
+    kvprof.analysis.own_cost turns it into a share of the target."""
 
     measured: bool = False  # the kernel's BPF run-time statistics were on
     window_s: float = 0.0
