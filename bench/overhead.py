@@ -680,6 +680,12 @@ def where_it_goes(profiles: list[Profile]) -> None:
     for name, vals in sorted(rows.items(), key=lambda kv: -statistics.median(v[4] for v in kv[1])):
         m = [statistics.median(v[k] for v in vals) for k in range(5)]
         print(f"{name:<12} {m[0]:>10,.0f} {m[1]:>12,.0f} {m[2]:>9.2f} {m[3]:>11.2f} {m[4]:>7.2%}")
+    parts = [c for c in (own_cost(p) for p in profiles) if c is not None]
+    med = {k: statistics.median(getattr(c, k) for c in parts)
+           for k in ("bpf_share", "trap_share", "interrupt_share", "process_share", "share")}  # fmt: skip
+    print(f"the figure {med['share']:.2%}: BPF run time {med['bpf_share']:.2%}, uprobe traps "
+          f"{med['trap_share']:.2%}, samples' interrupts {med['interrupt_share']:.2%}, kvprof's process "
+          f"{med['process_share']:.2%} (its CPU over all {o.cpus} CPUs)")  # fmt: skip
 
 
 # ---- the tool resident, toggled: windows a second apart ---------------------------
