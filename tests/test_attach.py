@@ -60,7 +60,7 @@ def test_sigterm_is_a_keyboard_interrupt_inside_and_the_handlers_come_back() -> 
 
 WATCHER = """
 import subprocess, sys, threading, time
-from kvprof.system.attach import reclaim_cpu, starved_note, yield_cpu
+from kvprof.system.attach import end_yield, starved_note, yield_cpu
 from kvprof.system.servers import die_with_parent
 yield_cpu()
 def work():  # what kvprof does once attached, wanting a CPU all the time
@@ -74,9 +74,9 @@ for line in sys.stdin:
     elif line.strip() == "spawn":  # as a server or a load is started
         child = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent)
         print(child.pid, flush=True)
-    elif line.strip() == "reclaim":
-        reclaim_cpu()
-        print("reclaimed", flush=True)
+    elif line.strip() == "end":  # as record does before its last read
+        end_yield()
+        print("ended", flush=True)
 """
 
 
@@ -95,9 +95,10 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
     """A process that called yield_cpu() and then works: every thread SCHED_IDLE at
     nice WATCH_NICE. Then every CPU kept busy by more nice-0 loops than CPUs: its
     threads wait for a CPU over STARVED_S in a check, every thread goes back to
-    SCHED_OTHER (nice kept), and starved_note() says so. reclaim_cpu() leaves
-    SCHED_OTHER too. A process it starts meanwhile, as servers and loads are
-    started, runs as this test's process does, not on idle time."""
+    SCHED_OTHER (nice kept), and starved_note() says so. end_yield() puts every
+    thread back to the policy and nice it had before, as this test's process has
+    (the last read must end on a busy machine). A process it starts meanwhile, as
+    servers and loads are started, runs as this test's process does, not on idle time."""
     from kvprof.collect import WATCH_NICE
 
     proc = subprocess.Popen(
@@ -126,10 +127,10 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
         proc.stdin.write("note\n")
         proc.stdin.flush()
         assert proc.stdout.readline().startswith(f"no idle CPU for kvprof: it ran at nice {WATCH_NICE} from ")
-        proc.stdin.write("reclaim\n")
+        proc.stdin.write("end\n")
         proc.stdin.flush()
-        assert proc.stdout.readline() == "reclaimed\n"
-        assert _policies(proc.pid) == {(os.SCHED_OTHER, WATCH_NICE)}
+        assert proc.stdout.readline() == "ended\n"
+        assert _policies(proc.pid) == {(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))}
     finally:
         for loop in loops:
             loop.kill()
@@ -139,11 +140,12 @@ def test_yield_cpu_runs_idle_and_takes_its_share_back_when_starved() -> None:
 
 
 def test_reclaim_leaves_a_process_that_never_yielded_alone() -> None:
-    """reclaim_cpu() in a process that never called yield_cpu() (a test driving top's
-    screen, a replay) changes neither its threads' policy nor their nice: its children
-    (servers and loads started by the tests) would inherit them."""
-    from kvprof.system.attach import reclaim_cpu
+    """reclaim_cpu() and end_yield() in a process that never called yield_cpu() (a test
+    driving top's screen, a replay) change neither its threads' policy nor their nice:
+    its children (servers and loads started by the tests) would inherit them."""
+    from kvprof.system.attach import end_yield, reclaim_cpu
 
     before = _policies(os.getpid())
     reclaim_cpu()
+    end_yield()
     assert _policies(os.getpid()) == before

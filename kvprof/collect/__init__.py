@@ -113,6 +113,9 @@ WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach
 # STARVED_S in all over one STARVE_CHECK_S: a machine with no idle CPU for kvprof's work
 STARVE_CHECK_S = 1.0
 STARVED_S = 0.5
+# A recording's wait between snapshots wakes at the target's exit (a pidfd) and, to see
+# whether it exec'd, once every EXEC_CHECK_S: each wakeup is CPU taken from the target.
+EXEC_CHECK_S = 0.5
 # `kvprof top`'s seconds between refreshes: each reads every map and redraws the screen,
 # CPU taken from a busy target (docs/top.md, "Overhead"); -i 1 for a livelier view.
 TOP_INTERVAL_S = 2.0

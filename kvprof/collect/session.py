@@ -24,8 +24,10 @@ Profile.status.collectors with the reason, and the others go on.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +35,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import ATTACH_NICE, CollectError, CollectOptions, collector_class, follow
+from kvprof.collect import ATTACH_NICE, EXEC_CHECK_S, CollectError, CollectOptions, collector_class, follow
 from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
@@ -505,17 +507,50 @@ class Session:
         reading every map costs CPU on the machine being measured, so a recording
         that shows no live numbers reads them once, at the end."""
         deadline = None if duration is None else self._t0 + duration
-        while True:
-            now = time.monotonic()
-            wake = now + interval if deadline is None else min(now + interval, deadline)
-            while time.monotonic() < wake:
-                time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
-                reason = self.stop_reason()
-                if reason is not None:
-                    self.status.partial = True
-                    self.status.reason = reason
-                    yield self.snapshot()
+        with _ExitWait(self.pid) as exit_wait:
+            while True:
+                now = time.monotonic()
+                wake = now + interval if deadline is None else min(now + interval, deadline)
+                while (left := wake - time.monotonic()) > 0:
+                    exit_wait.wait(min(EXEC_CHECK_S, left))
+                    reason = self.stop_reason()
+                    if reason is not None:
+                        self.status.partial = True
+                        self.status.reason = reason
+                        yield self.snapshot()
+                        return
+                yield self.snapshot() if snapshots else None
+                if deadline is not None and time.monotonic() >= deadline - 1e-3:
                     return
-            yield self.snapshot() if snapshots else None
-            if deadline is not None and time.monotonic() >= deadline - 1e-3:
-                return
+
+
+class _ExitWait:
+    """Sleeps that end early when process `pid` exits: a poll on its pidfd. Where there
+    is none (the process is gone already, or an older kernel) a sleep of at most
+    EXIT_POLL_S, after which the caller looks at /proc."""
+
+    EXIT_POLL_S = 0.1
+
+    def __init__(self, pid: int) -> None:
+        self._poll: select.poll | None = None
+        try:
+            self._fd: int | None = os.pidfd_open(pid)
+        except OSError:
+            self._fd = None
+            return
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+
+    def __enter__(self) -> _ExitWait:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def wait(self, seconds: float) -> None:
+        if self._poll is None:
+            time.sleep(min(self.EXIT_POLL_S, seconds))
+        elif self._poll.poll(max(0, math.ceil(seconds * 1000))):
+            self._poll = None  # it exited: from here on /proc says so, no poll can wait

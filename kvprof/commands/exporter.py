@@ -148,9 +148,9 @@ class SessionCollector:
 
     def close(self) -> None:
         """Detach; a scrape in flight finishes first."""
-        from kvprof.system.attach import reclaim_cpu
+        from kvprof.system.attach import end_yield
 
-        reclaim_cpu()  # the detach must end, idle CPU or not
+        end_yield()  # the detach must end, idle CPU or not
         with self._lock:
             self.closed = True
             self.session.close()

@@ -247,7 +247,7 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
     """Attach, collect for opts.duration (the progress shown when `show`) and read the
     profile: (it, whether Ctrl-C or SIGTERM stopped it early); None when nothing was."""
     from kvprof.collect import CollectError
-    from kvprof.system.attach import reclaim_cpu, yield_cpu
+    from kvprof.system.attach import end_yield, yield_cpu
 
     try:
         if show:
@@ -262,12 +262,12 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
         for _ in session.run(opts.duration, opts.interval, snapshots=False):
             if show:  # a snapshot when the target died: finish() reads the last
                 _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
-        reclaim_cpu()  # the last read and the profile must end, idle CPU or not
+        end_yield()  # the last read and the profile must end, idle CPU or not
         return session.finish(), False
     except CollectError as e:
         raise RecordError(str(e)) from None
     except KeyboardInterrupt:
-        reclaim_cpu()
+        end_yield()
         try:
             return session.finish(), True
         except Exception:  # nothing to keep

@@ -62,13 +62,25 @@ def yield_cpu() -> None:
 
 def reclaim_cpu() -> None:
     """Every thread back to SCHED_OTHER (at the nice yield_cpu() gave it) when
-    yield_cpu() was called: before work that has to end (record's last read and the
-    profile it writes, top's detach), and when idle time never comes. A process that
+    yield_cpu() was called: the watchdog's, when idle time never comes. A process that
     never yielded (a test driving top's screen, a replay) is left as it is."""
     if not _idle.is_set():
         return
     _idle.clear()
     _set_policy(os.SCHED_OTHER)
+
+
+def end_yield() -> None:
+    """Every thread back to the policy and the nice it had before yield_cpu(), for
+    work that has to end now (record's last read and the profile it writes, top's
+    and the exporter's detach): on a machine whose CPUs are all busy, nice WATCH_NICE
+    stretches a second of that work over a minute. Nothing when it never yielded
+    (a test driving top's screen, a replay)."""
+    if _before is None:
+        return
+    _idle.clear()  # the watchdog has nothing left to reclaim
+    policy, nice = _before
+    _set_policy(policy, nice=nice)
 
 
 def as_before_yield() -> None:
@@ -93,7 +105,7 @@ def starved_note() -> str | None:
     return f"no idle CPU for kvprof: it ran at nice {WATCH_NICE} from {_starved_at:.0f} s after attaching"
 
 
-_idle = threading.Event()  # yield_cpu() set it, reclaim_cpu() cleared it
+_idle = threading.Event()  # yield_cpu() set it, reclaim_cpu() and end_yield() cleared it
 _watchdog: threading.Thread | None = None
 _before: tuple[int, int] | None = None  # (policy, nice) of the main thread before yield_cpu()
 _starved_at: float | None = None
@@ -102,7 +114,7 @@ _starved_at: float | None = None
 def _set_policy(policy: int, nice: int | None = None) -> None:
     for tid in os.listdir("/proc/self/task"):
         try:
-            if nice is not None and os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
+            if nice is not None and os.getpriority(os.PRIO_PROCESS, int(tid)) != nice:
                 os.setpriority(os.PRIO_PROCESS, int(tid), nice)
             if os.sched_getscheduler(int(tid)) != policy:
                 os.sched_setscheduler(int(tid), policy, os.sched_param(0))

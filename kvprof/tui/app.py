@@ -30,7 +30,7 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 from kvprof.analysis.own_cost import own_cost_line
 from kvprof.collect import TOP_INTERVAL_S
 from kvprof.model.profile import Profile
-from kvprof.system.attach import reclaim_cpu, starved_note
+from kvprof.system.attach import end_yield, starved_note
 from kvprof.tui import data
 from kvprof.tui.data import Frame, Timeline, build_frame, num, pct, profile_to_save
 from kvprof.tui.flame import FlamePanel
@@ -282,7 +282,7 @@ class TopApp(App[None]):
     def start_closing(self) -> None:
         """Close the source in the background (once); wait_closed() waits for it."""
         if self._closer is None:
-            reclaim_cpu()  # the detach must end, idle CPU or not
+            end_yield()  # the detach must end, idle CPU or not
             self._closer = threading.Thread(target=self.source.close, name="kvprof-close")
             self._closer.start()
 
