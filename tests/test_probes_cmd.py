@@ -125,6 +125,7 @@ def test_counts_hits_under_load_and_detaches(kvcached_factory: Callable[..., Ser
     )
     for name in ("cmd__start", "cmd__done", "atomic__sample"):
         assert probes[name]["hits_per_sec"] > 0, (name, probes[name])  # type: ignore[operator]
+    # each of the 2 workers between a request's start and its done, at either end of the window
     assert probes["cmd__start"]["hits"] == pytest.approx(probes["cmd__done"]["hits"], abs=4)
     assert 0.9 < data["window_s"] < 3.0  # type: ignore[operator]
     # Detached: semaphores back to 0 (in our own reading, and in the command's after-read),

@@ -36,9 +36,13 @@ class Rates:
 
 
 def _totals(table: Any, n: int) -> list[int]:
-    import ctypes
+    """Each probe's hits summed over CPUs, every probe from one read of the map: read one
+    by one, a probe read later than its pair (cmd__done after cmd__start) would count
+    the requests served between the two reads, more when the reader is preempted."""
+    from kvprof.collect.bpf import map_items  # imports bcc, as count_hits() does
 
-    return [sum(int(v) for v in table[ctypes.c_int(i)]) for i in range(n)]
+    by_slot = {int(k): sum(int(v) for v in values) for k, values in map_items(table)}
+    return [by_slot.get(i, 0) for i in range(n)]
 
 
 def count_hits(pid: int, probes: list[tuple[str, str]], duration: float) -> Rates:
