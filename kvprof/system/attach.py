@@ -112,12 +112,15 @@ _starved_at: float | None = None
 
 
 def _set_policy(policy: int, nice: int | None = None) -> None:
-    for tid in os.listdir("/proc/self/task"):
+    for tid in map(int, os.listdir("/proc/self/task")):
         try:
-            if nice is not None and os.getpriority(os.PRIO_PROCESS, int(tid)) != nice:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-            if os.sched_getscheduler(int(tid)) != policy:
-                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+            if nice is not None and os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:  # a thread that ended meanwhile; a lower nice without CAP_SYS_NICE
+            pass
+        try:
+            if os.sched_getscheduler(tid) != policy:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
         except OSError:  # a thread that ended meanwhile
             pass
 
