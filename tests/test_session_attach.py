@@ -16,9 +16,11 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from bcc import BPF
 from support import assert_detached, our_bpf_fds, prog_ids, prog_loaded, wait_until
 
 from kvprof.collect import ATTACH_NICE, CollectOptions
+from kvprof.collect.bpf import compile_kept, read_user_flags
 from kvprof.collect.session import ALL_COLLECTORS
 from kvprof.system.attach import open_session
 from kvprof.system.servers import Server
@@ -154,3 +156,40 @@ def test_a_program_that_does_not_compile_sinks_only_its_collector(
         p = s.snapshot()
     assert "requests" not in p.collectors and "locks" in p.collectors
     assert_detached(server)
+
+
+READS_USER = """
+#include <uapi/linux/ptrace.h>
+int kv_reads_user(struct pt_regs *ctx) {
+    char s[16] = {};
+    u64 v = 0;
+    bpf_probe_read_user(&v, sizeof(v), (void *)PT_REGS_SP(ctx));
+    bpf_probe_read_user_str(s, sizeof(s), (void *)PT_REGS_PARM1(ctx));
+    return (int)v + s[0];
+}
+"""
+
+# the helpers' numbers in the kernel's UAPI (enum bpf_func_id)
+PROBE_READ_USER, PROBE_READ_USER_STR = 112, 114
+
+
+def test_read_user_helpers_compiled_under_other_names_are_the_same_helpers() -> None:
+    """compile_kept() calls bpf_probe_read_user{,_str} by other names (BCC's front
+    end would look each call up in the kernel's symbols): where the kernel has
+    the helpers, the program still calls exactly them and loads; on a kernel
+    before 5.5 (or a release that cannot be read) BCC's own fallback stays."""
+    assert read_user_flags("5.4.0-150-generic") == []
+    assert read_user_flags("not-a-release") == []
+    assert read_user_flags(os.uname().release), "this kernel has the helpers (5.5 and later)"
+    bpf = compile_kept(READS_USER, [])
+    try:
+        bpf.load_func(b"kv_reads_user", BPF.KPROBE)  # loading runs the verifier; nothing is attached
+        code = bpf.dump_func(b"kv_reads_user")
+        calls = [
+            int.from_bytes(code[i + 4 : i + 8], "little")
+            for i in range(0, len(code), 8)
+            if code[i] == 0x85  # BPF_JMP | BPF_CALL: imm is the helper's number
+        ]
+        assert PROBE_READ_USER in calls and PROBE_READ_USER_STR in calls, calls
+    finally:
+        bpf.cleanup()

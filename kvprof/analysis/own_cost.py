@@ -17,8 +17,11 @@ that landed on the target are its runs x the share of the CPUs' time the
 target ran; what one costs (Overhead.sample_interrupt_ns) is measured as a
 loss of throughput on a contended server, not as CPU time. The kvprof process
 competes with everything on the machine, so it counts as its share of all
-CPUs. docs/record.md ("Overhead") compares the share with the throughput
-loss measured on one server, and says how the cost of a sample was measured.
+CPUs. What an event leaves in the caches (the server's own lines evicted)
+and what the process displaces beyond its share of the CPUs are not in it:
+a busy server can lose more than the share says.
+docs/record.md ("Overhead") compares the share with the throughput loss
+measured on one server, and says how the cost of a sample was measured.
 """
 
 from __future__ import annotations

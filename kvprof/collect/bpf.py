@@ -52,10 +52,28 @@ def first_line(e: BaseException, said: str = "") -> str:
     return lines[-1] if lines else type(e).__name__
 
 
+def read_user_flags(release: str) -> list[str]:
+    """-D flags that call bpf_probe_read_user and bpf_probe_read_user_str by
+    other names, on a kernel `release` that has them (Linux 5.5 and later).
+    BCC's front end looks every call to either up in the kernel's symbols, to
+    fall back to bpf_probe_read on older kernels, and at each call builds its
+    table of every kernel symbol name again: a large part of a session's
+    compile (docs/record.md, "Attach time"). Renamed, the calls are the same
+    helpers and skip the lookup. Older kernels keep BCC's fallback."""
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return []
+    if (major, minor) < (5, 5):
+        return []
+    return ["-Dbpf_probe_read_user=kv_probe_read_user", "-Dbpf_probe_read_user_str=kv_probe_read_user_str"]
+
+
 def compile_kept(text: str, cflags: list[str]) -> Any:
     """BPF(text=...), with what clang writes to fd 2 kept aside: on failure its
     first error becomes the CollectError (one line, and nothing on a TUI's
     screen); on success it is written to fd 2 as it would have been."""
+    cflags = cflags + read_user_flags(os.uname().release)
     saved = os.dup(2)
     with tempfile.TemporaryFile() as said:
         os.dup2(said.fileno(), 2)

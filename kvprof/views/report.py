@@ -532,7 +532,8 @@ def _own_cost_lines(profile: Profile) -> list[str]:
     out += _wrap(
         f"BPF programs {cost.bpf_share:.1%}, uprobe traps {cost.trap_share:.1%} and sampling interrupts "
         f"{cost.interrupt_share:.1%} of the target's CPU time, the kvprof process {cost.process_share:.1%} "
-        "of the machine's (docs/record.md, Overhead)",
+        "of the machine's: CPU time kvprof took. What its events leave in the caches and what its process "
+        "displaces are not counted, so a busy server can lose more (docs/record.md, Overhead)",
         "",
     )
     width = max([12] + [len(r.collector) + 2 for r in cost.rows])  # "oncpu+regsample" is longer
