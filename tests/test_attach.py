@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect.session import TargetGone, alive, describe_target
 from kvprof.system.attach import ignore_stop_signals, open_session, stop_on_signals
 
 
@@ -24,6 +26,35 @@ def test_a_gone_pid_and_a_kernel_thread_are_one_line() -> None:
     # to an ordinary user a kernel thread's /proc/2/exe is closed, not missing
     with pytest.raises(CollectError, match=r"^PID 2 (\(\w+\) is a kernel thread or has exited|is not ours)"):
         open_session(2)
+
+
+def test_a_process_reaped_while_it_is_read_is_gone_not_an_error() -> None:
+    """A reap that races a read of /proc/PID makes the read fail with ESRCH, not ENOENT:
+    alive() still says False and describe_target() TargetGone, each of many times."""
+    errors: list[BaseException] = []
+
+    def watch(pid: int) -> None:
+        try:
+            while True:
+                living = alive(pid)
+                try:
+                    describe_target(pid)
+                except TargetGone:
+                    if not living:
+                        return
+        except BaseException as e:  # what the main thread reports
+            errors.append(e)
+
+    for _ in range(100):
+        child = subprocess.Popen(["sleep", "30"])
+        watcher = threading.Thread(target=watch, args=(child.pid,))
+        watcher.start()
+        time.sleep(0.001)
+        child.kill()
+        child.wait()
+        watcher.join(30)
+        assert not watcher.is_alive(), "alive() never said False for a reaped process"
+        assert not errors, repr(errors[0])
 
 
 def test_an_unknown_collector_is_named() -> None:

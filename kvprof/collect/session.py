@@ -64,20 +64,25 @@ class TargetGone(Exception):
     """The target process does not exist (any more)."""
 
 
+# What a /proc/PID file gives once the process is gone: ENOENT when its directory is
+# looked up after it was reaped, ESRCH when the lookup came first (the reap raced it).
+GONE = (FileNotFoundError, ProcessLookupError)
+
+
 def describe_target(pid: int) -> Target:
     """The target's identity from /proc; TargetGone or PermissionError when it cannot be read."""
     proc = f"/proc/{pid}"
     try:
         with open(f"{proc}/comm") as f:
             comm = f.read().strip()
-    except FileNotFoundError:
+    except GONE:
         raise TargetGone(f"no process with PID {pid}") from None
     try:
         exe = os.readlink(f"{proc}/exe")
-    except FileNotFoundError:
+        with open(f"{proc}/cmdline", "rb") as f:
+            cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except GONE:
         raise TargetGone(f"PID {pid} ({comm}) is a kernel thread or has exited: nothing to profile") from None
-    with open(f"{proc}/cmdline", "rb") as f:
-        cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     return Target(pid=pid, comm=comm, exe=exe, cmdline=cmdline, kvs_probes=False, ns_pid=ns_pid(pid))
 
 
@@ -86,7 +91,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (*GONE, IndexError):
         return False
     return state not in ("Z", "X")
 
