@@ -629,12 +629,16 @@ def test_kvcached_key_compare_modes() -> None:
     from kvprof.system.servers import kvcached_binary, start_kvcached
 
     for args, mode in (((), "inline"), (("--key-compare", "indirect"), "indirect")):
-        with start_kvcached(["-t", "1", *args]) as server:
+        server = start_kvcached(["-t", "1", *args])
+        try:
             assert server.stats("settings")["key_compare"] == mode
             for key, value in ((b"kvload:1", b"aa"), (b"kvload:10", b"bbb"), (b"kvload:1", b"c")):
                 assert _get(server, b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value)) == b"STORED\r\n"
             got = _get(server, b"get kvload:1 kvload:10 kvload:100 kvload:\r\n")
             assert got == b"VALUE kvload:1 0 1\r\nc\r\nVALUE kvload:10 0 3\r\nbbb\r\nEND\r\n"
+        finally:
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
     bad = subprocess.run([str(kvcached_binary()), "--key-compare", "fast"], capture_output=True, text=True)
     assert bad.returncode == 64
     assert bad.stderr.strip().splitlines() == [
