@@ -220,22 +220,36 @@ def _allowed_cpus(pid: int, tid: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
 
 
+def _workers(server: Server) -> dict[int, str]:
+    """Worker index -> the CPUs it may run on, for each thread named kv-worker-N now."""
+    workers = {}
+    for tid in os.listdir(f"/proc/{server.pid}/task"):
+        with open(f"/proc/{server.pid}/task/{tid}/comm") as f:
+            name = f.read().strip()
+        if name.startswith("kv-worker-"):
+            workers[int(name.rsplit("-", 1)[1])] = _allowed_cpus(server.pid, int(tid))
+    return workers
+
+
 def test_cpu_affinity_pins_workers_round_robin(kvcached_factory: Callable[..., Server]) -> None:
-    """--cpu-affinity LIST pins worker i to LIST[i % len]; `stats settings` says so."""
+    """--cpu-affinity LIST pins worker i to LIST[i % len], already when the server says
+    it listens; `stats settings` says so."""
     cpus = sorted(os.sched_getaffinity(0))
     wanted = [cpus[0], cpus[-1]]
     server = kvcached_factory("-t", "3", "--cpu-affinity", f"{wanted[0]},{wanted[1]}")
+    assert _workers(server) == {i: str(wanted[i % 2]) for i in range(3)}
     assert server.stats("settings")["cpu_affinity"] == f"{wanted[0]},{wanted[1]}"
-    workers = {}
-    deadline = time.monotonic() + 5
-    while len(workers) < 3 and time.monotonic() < deadline:
-        for tid in os.listdir(f"/proc/{server.pid}/task"):
-            with open(f"/proc/{server.pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if name.startswith("kv-worker-"):
-                workers[int(name.rsplit("-", 1)[1])] = _allowed_cpus(server.pid, int(tid))
-        time.sleep(0.05)
-    assert workers == {i: str(wanted[i % 2]) for i in range(3)}
+
+
+def test_every_worker_is_named_when_the_server_says_it_listens(
+    kvcached_factory: Callable[..., Server],
+) -> None:
+    """What reads the threads as soon as kvcached says it listens (kvprof attaching, a
+    test pinning them) finds every worker under its name, start after start."""
+    for _ in range(10):
+        server = kvcached_factory("-t", "8")
+        assert sorted(_workers(server)) == list(range(8))
+        server.stop()
 
 
 @pytest.mark.parametrize(

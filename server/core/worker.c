@@ -18,6 +18,7 @@ static worker_t *workers;
 static int nworkers;
 static unsigned next_worker;
 static int stopping;
+static int nready; /* workers that have named (and pinned) themselves */
 
 #define MAX_EVENTS 256
 
@@ -57,6 +58,7 @@ static void *worker_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     if (settings.ncpus > 0)
         cpulist_pin_self(settings.cpus[w->idx % settings.ncpus], "kvcached", name);
+    __atomic_add_fetch(&nready, 1, __ATOMIC_RELEASE);
 
     while (!__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
         ev_fired_t *fired;
@@ -97,14 +99,21 @@ int workers_setup(int n)
 
 int workers_start(void)
 {
-    for (int i = 0; i < nworkers; i++) {
-        int err = pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
+    int started = 0, status = 0;
+    for (; started < nworkers; started++) {
+        int err = pthread_create(&workers[started].thread, NULL, worker_main, &workers[started]);
         if (err != 0) {
-            fprintf(stderr, "kvcached: cannot start worker %d: %s\n", i, strerror(err));
-            return -1;
+            fprintf(stderr, "kvcached: cannot start worker %d: %s\n", started, strerror(err));
+            status = -1;
+            break;
         }
     }
-    return 0;
+    /* Returns once every worker started carries its name (and its CPU, with
+     * --cpus): what reads the threads as soon as the server says it listens
+     * (kvprof at attach, a test that pins them) finds them all. */
+    while (__atomic_load_n(&nready, __ATOMIC_ACQUIRE) < started)
+        sched_yield();
+    return status;
 }
 
 int workers_dispatch(int fd)
