@@ -241,6 +241,7 @@ def test_cpu_affinity_pins_workers_round_robin(kvcached_factory: Callable[..., S
     assert server.stats("settings")["cpu_affinity"] == f"{wanted[0]},{wanted[1]}"
 
 
+@pytest.mark.kvcached_only("kv-worker-N is kvcached's name for its workers")
 def test_every_worker_is_named_when_the_server_says_it_listens(
     kvcached_factory: Callable[..., Server],
 ) -> None:

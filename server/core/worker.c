@@ -109,7 +109,7 @@ int workers_start(void)
         }
     }
     /* Returns once every worker started carries its name (and its CPU, with
-     * --cpus): what reads the threads as soon as the server says it listens
+     * --cpu-affinity): what reads the threads as soon as the server says it listens
      * (kvprof at attach, a test that pins them) finds them all. */
     while (__atomic_load_n(&nready, __ATOMIC_ACQUIRE) < started)
         sched_yield();
