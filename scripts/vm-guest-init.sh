@@ -31,7 +31,9 @@ finish() {
     set +e
     [[ -n $LOAD ]] && kill "$LOAD" 2>/dev/null
     [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null
-    wait 2>/dev/null
+    # These two only: a recording show_hang() gave up on may never end.
+    # shellcheck disable=SC2086 # either may be empty
+    wait $LOAD $SERVER 2>/dev/null
     echo "$rc" >"$OUT/exit-status"
     # The host finds the output as a tar at the start of the third disk.
     if tar -c -f /dev/vdc -C "$OUT" .; then
@@ -57,6 +59,63 @@ threads_of() {
     for t in /proc/"$1"/task/*; do
         printf '%s %s %s; ' "$(cat "$t/comm")" "$(awk '{print $3}' "$t/stat")" "$(cat "$t/wchan")"
     done
+}
+
+# How long a recording may take to attach, and to end once attached, before the
+# guest says where it hangs and fails. Both leave the host's GUEST_TIMEOUT room
+# for two recordings, so a hang is named here instead of ending in QEMU's timeout.
+ATTACH_LIMIT=120
+END_LIMIT=90
+
+# Says where the threads of $1 (a recording, run under -X faulthandler) wait,
+# in the kernel and in Python, then stops it: SIGABRT makes faulthandler write
+# every thread's Python stack into its log ($2), which is shown.
+show_hang() {
+    local pid=$1 log=$2 t
+    say "threads: $(threads_of "$pid")"
+    for t in /proc/"$pid"/task/*; do
+        say "kernel stack of ${t##*/}: $(tr '\n' ' ' 2>/dev/null <"$t/stack")"
+    done
+    kill -ABRT "$pid" 2>/dev/null || true
+    sleep 5
+    kill -KILL "$pid" 2>/dev/null || true
+    while IFS= read -r line; do say "log: $line"; done < <(tail -n 40 "$log")
+}
+
+# Waits until $3 (a command) succeeds, for at most ATTACH_LIMIT s, while the
+# recording $1 (log $2) runs; a recording that exits first is left to its wait.
+wait_attached() {
+    local pid=$1 log=$2 deadline=$((EPOCHSECONDS + ATTACH_LIMIT))
+    shift 2
+    while ! "$@"; do
+        kill -0 "$pid" 2>/dev/null || return 0
+        if ((EPOCHSECONDS >= deadline)); then
+            show_hang "$pid" "$log"
+            die "the recording did not attach within $ATTACH_LIMIT s"
+        fi
+        sleep 0.5
+    done
+}
+
+# The exit status of the recording $1 (log $2), which has attached: it ends
+# within its duration; past END_LIMIT s more, where it hangs is shown and the
+# guest fails.
+wait_recorded() {
+    local pid=$1 log=$2 seconds=$3 rc=0 deadline
+    deadline=$((EPOCHSECONDS + seconds + END_LIMIT))
+    while kill -0 "$pid" 2>/dev/null && ((EPOCHSECONDS < deadline)); do sleep 0.5; done
+    if kill -0 "$pid" 2>/dev/null; then
+        show_hang "$pid" "$log"
+        die "the recording did not end within $END_LIMIT s of its $seconds s"
+    fi
+    wait "$pid" || rc=$?
+    return "$rc"
+}
+
+# Whether the recording $1 holds perf event fds (its uprobes on the kvs probes):
+# the kernel's word that it attached, not a message of record's.
+holds_perf_events() {
+    find "/proc/$1/fd" -lname 'anon_inode:*perf_event*' 2>/dev/null | grep -q .
 }
 
 # kvload stops a connection once its batch is answered: stop it, and say why
@@ -156,26 +215,19 @@ say "stage start $(elapsed "$t") s: kvcached PID $SERVER (baseline, 4 workers, -
 
 # The load starts once record has attached: under TCG the four vCPUs share
 # the host's cores, and a loaded guest would slow BCC's compile several
-# times over. Attached = record holds perf event fds (its uprobes on the kvs
-# probes), which is the kernel's word, not a message of record's.
+# times over.
 t=$EPOCHREALTIME
-python3 -m kvprof record -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
+python3 -X faulthandler -m kvprof record -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
     --collectors cachelines >"$OUT/record.log" 2>&1 &
 REC=$!
+wait_attached "$REC" "$OUT/record.log" holds_perf_events "$REC"
 attached=no
-for _ in $(seq 600); do
-    if find "/proc/$REC/fd" -lname 'anon_inode:*perf_event*' 2>/dev/null | grep -q .; then
-        attached=yes
-        break
-    fi
-    kill -0 "$REC" 2>/dev/null || break
-    sleep 0.5
-done
+if holds_perf_events "$REC"; then attached=yes; fi
 say "stage attach $(elapsed "$t") s (attached: $attached)"
 "$K/server/build/kvload" "${LOAD_ARGS[@]}" --no-population --duration 3600 >"$OUT/kvload.log" 2>&1 &
 LOAD=$!
 rc=0
-wait "$REC" || rc=$?
+wait_recorded "$REC" "$OUT/record.log" "$RECORD_SECONDS" || rc=$?
 while read -r line; do say "record: $line"; done <"$OUT/record.log"
 say "stage record $(elapsed "$t") s (exit $rc)"
 [[ $rc -eq 0 ]] || die "kvprof record failed"
@@ -189,18 +241,14 @@ kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvlo
 # the first, the load stops while it compiles.
 stop_load
 t=$EPOCHREALTIME
-python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" --collectors oncpu,offcpu --offcpu-hz 0 \
-    >"$OUT/record-stacks.log" 2>&1 &
+python3 -X faulthandler -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" \
+    --collectors oncpu,offcpu --offcpu-hz 0 >"$OUT/record-stacks.log" 2>&1 &
 REC=$!
-for _ in $(seq 600); do
-    grep -q collecting "$OUT/record-stacks.log" 2>/dev/null && break
-    kill -0 "$REC" 2>/dev/null || break
-    sleep 0.5
-done
+wait_attached "$REC" "$OUT/record-stacks.log" grep -q collecting "$OUT/record-stacks.log"
 say "stage attach-stacks $(elapsed "$t") s"
 "$K/server/build/kvload" "${LOAD_ARGS[@]}" --no-population --duration 3600 >>"$OUT/kvload.log" 2>&1 &
 LOAD=$!
 rc=0
-wait "$REC" || rc=$?
+wait_recorded "$REC" "$OUT/record-stacks.log" 3 || rc=$?
 say "stage record-stacks $(elapsed "$t") s (exit $rc)"
 [[ $rc -eq 0 ]] || die "kvprof record of the stacks failed: $(tail -n 3 "$OUT/record-stacks.log")"

@@ -398,19 +398,35 @@ boot_once() {
     return "$rc"
 }
 
+# What the guest printed (its VMTEST lines), then, when $2 is not 0, the last
+# lines of its kernel's: a panic, a stall or a hung task shows there.
+show_console() {
+    local serial=$1 rc=$2
+    [[ -f $serial ]] || return 0
+    sed -n 's/^VMTEST /  guest: /p' "$serial" | tr -d '\r'
+    if [[ $rc -ne 0 ]]; then
+        grep -av '^VMTEST ' "$serial" | tr -d '\r' | tail -n 20 | sed 's/^/  console: /'
+    fi
+}
+
+# A guest that stalls (75) or runs past GUEST_TIMEOUT (124) is booted once
+# more. Every wait of the guest's own is bounded well inside GUEST_TIMEOUT
+# (scripts/vm-guest-init.sh says where a recording hangs and fails), so a
+# guest that reaches the timeout stopped making progress as a whole: QEMU's.
 boot() {
-    local serial=$RUN/serial.log rc=0
+    local serial=$RUN/serial.log rc=0 why
     boot_once "$serial" || rc=$?
-    if [[ $rc -eq 75 ]]; then
-        log "the guest kernel reported a stalled vCPU ($(grep -m1 "$STALL" "$serial" | tr -d '\r')): booting it once more"
+    if [[ $rc -eq 75 || $rc -eq 124 ]]; then
+        show_console "$serial" "$rc"
+        why="ran past ${GUEST_TIMEOUT}s"
+        [[ $rc -eq 124 ]] || why="reported a stalled vCPU ($(grep -m1 "$STALL" "$serial" | tr -d '\r'))"
+        log "the guest kernel $why: booting it once more (that console: $OUT/serial-stalled.log)"
         cp "$serial" "$OUT/serial-stalled.log"
         rc=0
         boot_once "$serial" || rc=$?
     fi
-    if [[ -f $serial ]]; then
-        cp "$serial" "$OUT/serial.log"
-        sed -n 's/^VMTEST /  guest: /p' "$serial" | tr -d '\r'
-    fi
+    if [[ -f $serial ]]; then cp "$serial" "$OUT/serial.log"; fi
+    show_console "$serial" "$rc"
     [[ $rc -ne 75 ]] || die "the guest kernel reported a stalled vCPU twice; serial log: $OUT/serial.log"
     [[ $rc -eq 0 ]] || die "qemu exited with $rc (124: the guest ran past ${GUEST_TIMEOUT}s); serial log: $OUT/serial.log"
 }
