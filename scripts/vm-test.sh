@@ -405,7 +405,7 @@ show_console() {
     [[ -f $serial ]] || return 0
     sed -n 's/^VMTEST /  guest: /p' "$serial" | tr -d '\r'
     if [[ $rc -ne 0 ]]; then
-        grep -av '^VMTEST ' "$serial" | tr -d '\r' | tail -n 20 | sed 's/^/  console: /'
+        { grep -av '^VMTEST ' "$serial" || true; } | tr -d '\r' | tail -n 20 | sed 's/^/  console: /'
     fi
 }
 
@@ -419,8 +419,8 @@ boot() {
     if [[ $rc -eq 75 || $rc -eq 124 ]]; then
         show_console "$serial" "$rc"
         why="ran past ${GUEST_TIMEOUT}s"
-        [[ $rc -eq 124 ]] || why="reported a stalled vCPU ($(grep -m1 "$STALL" "$serial" | tr -d '\r'))"
-        log "the guest kernel $why: booting it once more (that console: $OUT/serial-stalled.log)"
+        [[ $rc -eq 124 ]] || why="kernel reported a stalled vCPU ($(grep -m1 "$STALL" "$serial" | tr -d '\r'))"
+        log "the guest $why: booting it once more (that console: $OUT/serial-stalled.log)"
         cp "$serial" "$OUT/serial-stalled.log"
         rc=0
         boot_once "$serial" || rc=$?
