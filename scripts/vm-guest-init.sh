@@ -67,17 +67,23 @@ threads_of() {
 ATTACH_LIMIT=120
 END_LIMIT=90
 
-# Says where the threads of $1 (a recording, run under -X faulthandler) wait,
-# in the kernel and in Python, then stops it: SIGABRT makes faulthandler write
-# every thread's Python stack into its log ($2), which is shown.
+# `kvprof record`, with faulthandler writing every thread's Python stack to its
+# stderr every DUMP_EVERY s, from a thread of its own (a recording here takes far
+# less). Not on a signal: while BCC compiles, LLVM's crash handler holds SIGABRT,
+# and SIGQUIT's stacks did not come out in this guest.
+DUMP_EVERY=100
+RECORD=(python3 -c "import faulthandler, runpy
+faulthandler.dump_traceback_later($DUMP_EVERY, repeat=True)
+runpy.run_module('kvprof', run_name='__main__', alter_sys=True)" record)
+
+# Says where the threads of $1 (a recording of RECORD's) wait, in the kernel
+# and in Python (the last lines of its log, $2), then kills it.
 show_hang() {
     local pid=$1 log=$2 t
     say "threads: $(threads_of "$pid")"
     for t in /proc/"$pid"/task/*; do
         say "kernel stack of ${t##*/}: $(tr '\n' ' ' 2>/dev/null <"$t/stack")"
     done
-    kill -ABRT "$pid" 2>/dev/null || true
-    sleep 5
     kill -KILL "$pid" 2>/dev/null || true
     while IFS= read -r line; do say "log: $line"; done < <(tail -n 40 "$log")
 }
@@ -217,7 +223,7 @@ say "stage start $(elapsed "$t") s: kvcached PID $SERVER (baseline, 4 workers, -
 # the host's cores, and a loaded guest would slow BCC's compile several
 # times over.
 t=$EPOCHREALTIME
-python3 -X faulthandler -m kvprof record -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
+"${RECORD[@]}" -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
     --collectors cachelines >"$OUT/record.log" 2>&1 &
 REC=$!
 wait_attached "$REC" "$OUT/record.log" holds_perf_events "$REC"
@@ -241,7 +247,7 @@ kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvlo
 # the first, the load stops while it compiles.
 stop_load
 t=$EPOCHREALTIME
-python3 -X faulthandler -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" \
+"${RECORD[@]}" -p "$SERVER" -d 3 -o "$OUT/stacks.json" \
     --collectors oncpu,offcpu --offcpu-hz 0 >"$OUT/record-stacks.log" 2>&1 &
 REC=$!
 wait_attached "$REC" "$OUT/record-stacks.log" grep -q collecting "$OUT/record-stacks.log"
