@@ -215,8 +215,8 @@ done
 # the server's stats) comes between them.
 LOAD_ARGS=(--server "127.0.0.1:$PORT" --num-threads 2 --connections 4 --batch-size 16
     --set-pct 5 --num-items 1000 --min-size 32 --max-size 64)
-"$K/server/build/kvload" "${LOAD_ARGS[@]}" --populate-only >"$OUT/kvload-populate.log" 2>&1 ||
-    die "kvload --populate-only failed: $(tail -n 3 "$OUT/kvload-populate.log")"
+timeout 60 "$K/server/build/kvload" "${LOAD_ARGS[@]}" --populate-only >"$OUT/kvload-populate.log" 2>&1 ||
+    die "kvload --populate-only failed or took over 60 s: $(tail -n 3 "$OUT/kvload-populate.log")"
 say "stage start $(elapsed "$t") s: kvcached PID $SERVER (baseline, 4 workers, --probe-sample $PROBE_SAMPLE), 1000 keys stored"
 
 # The load starts once record has attached: under TCG the four vCPUs share
