@@ -64,8 +64,8 @@ threads_of() {
 # How long a recording may take to attach, and to end once attached, before the
 # guest says where it hangs and fails. Both leave the host's GUEST_TIMEOUT room
 # for two recordings, so a hang is named here instead of ending in QEMU's timeout.
-ATTACH_LIMIT=120
-END_LIMIT=90
+ATTACH_LIMIT=90
+END_LIMIT=60
 
 # `kvprof record`, with faulthandler writing every thread's Python stack to its
 # stderr every DUMP_EVERY s, from a thread of its own (a recording here takes far
