@@ -67,17 +67,18 @@ threads_of() {
 ATTACH_LIMIT=90
 END_LIMIT=60
 
-# `kvprof record`, with faulthandler writing every thread's Python stack to its
-# stderr every DUMP_EVERY s, from a thread of its own (a recording here takes far
-# less). Not on a signal: while BCC compiles, LLVM's crash handler holds SIGABRT,
-# and SIGQUIT's stacks did not come out in this guest.
-DUMP_EVERY=100
-RECORD=(python3 -c "import faulthandler, runpy
-faulthandler.dump_traceback_later($DUMP_EVERY, repeat=True)
+# `kvprof record`, with faulthandler writing every thread's Python stack into
+# /tmp/stacks-PID every DUMP_EVERY s, from a thread of its own. Not on a signal:
+# while BCC compiles, LLVM's crash handler holds SIGABRT, and SIGQUIT's stacks
+# (caught, per /proc) did not come out in this guest either.
+DUMP_EVERY=20
+RECORD=(python3 -c "import faulthandler, os, runpy
+stacks = open(f'/tmp/stacks-{os.getpid()}', 'w')
+faulthandler.dump_traceback_later($DUMP_EVERY, repeat=True, file=stacks)
 runpy.run_module('kvprof', run_name='__main__', alter_sys=True)" record)
 
-# Says where the threads of $1 (a recording of RECORD's) wait, in the kernel
-# and in Python (the last lines of its log, $2), then kills it.
+# Says where the threads of $1 (a recording of RECORD's) wait, in the kernel and
+# in Python (their last dump), and what it last wrote (its log, $2); kills it.
 show_hang() {
     local pid=$1 log=$2 t
     say "threads: $(threads_of "$pid")"
@@ -85,7 +86,8 @@ show_hang() {
         say "kernel stack of ${t##*/}: $(tr '\n' ' ' 2>/dev/null <"$t/stack")"
     done
     kill -KILL "$pid" 2>/dev/null || true
-    while IFS= read -r line; do say "log: $line"; done < <(tail -n 40 "$log")
+    while IFS= read -r line; do say "python: $line"; done < <(tail -n 60 "/tmp/stacks-$pid")
+    while IFS= read -r line; do say "log: $line"; done < <(tail -n 10 "$log")
 }
 
 # Waits until $3 (a command) succeeds, for at most ATTACH_LIMIT s, while the
