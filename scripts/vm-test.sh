@@ -427,7 +427,7 @@ boot() {
     fi
     if [[ -f $serial ]]; then cp "$serial" "$OUT/serial.log"; fi
     show_console "$serial" "$rc"
-    [[ $rc -ne 75 ]] || die "the guest kernel reported a stalled vCPU twice; serial log: $OUT/serial.log"
+    [[ $rc -ne 75 ]] || die "the guest kernel reported a stalled vCPU on the last boot; serial log: $OUT/serial.log"
     [[ $rc -eq 0 ]] || die "qemu exited with $rc (124: the guest ran past ${GUEST_TIMEOUT}s); serial log: $OUT/serial.log"
 }
 stage boot boot
