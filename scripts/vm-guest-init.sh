@@ -67,18 +67,10 @@ threads_of() {
 ATTACH_LIMIT=90
 END_LIMIT=60
 
-# `kvprof record`, with faulthandler writing every thread's Python stack into
-# /tmp/stacks-PID every DUMP_EVERY s, from a thread of its own. Not on a signal:
-# while BCC compiles, LLVM's crash handler holds SIGABRT, and SIGQUIT's stacks
-# (caught, per /proc) did not come out in this guest either.
-DUMP_EVERY=20
-RECORD=(python3 -c "import faulthandler, os, runpy
-stacks = open(f'/tmp/stacks-{os.getpid()}', 'w')
-faulthandler.dump_traceback_later($DUMP_EVERY, repeat=True, file=stacks)
-runpy.run_module('kvprof', run_name='__main__', alter_sys=True)" record)
-
-# Says where the threads of $1 (a recording of RECORD's) wait, in the kernel and
-# in Python (their last dump), and what it last wrote (its log, $2); kills it.
+# Says where the threads of $1 (a recording) wait, in the kernel, and what it
+# last wrote (its log, $2); kills it. No Python stacks: a recording died of
+# SIGSEGV here just after faulthandler's timed dump (which reads the frames of
+# threads that run), and a dump on a signal did not come out while BCC compiled.
 show_hang() {
     local pid=$1 log=$2 t
     say "threads: $(threads_of "$pid")"
@@ -86,7 +78,6 @@ show_hang() {
         say "kernel stack of ${t##*/}: $(tr '\n' ' ' 2>/dev/null <"$t/stack")"
     done
     kill -KILL "$pid" 2>/dev/null || true
-    while IFS= read -r line; do say "python: $line"; done < <(tail -n 60 "/tmp/stacks-$pid")
     while IFS= read -r line; do say "log: $line"; done < <(tail -n 10 "$log")
 }
 
@@ -225,7 +216,7 @@ say "stage start $(elapsed "$t") s: kvcached PID $SERVER (baseline, 4 workers, -
 # the host's cores, and a loaded guest would slow BCC's compile several
 # times over.
 t=$EPOCHREALTIME
-"${RECORD[@]}" -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
+python3 -m kvprof record -p "$SERVER" -d "$RECORD_SECONDS" -o "$OUT/profile.json" \
     --collectors cachelines >"$OUT/record.log" 2>&1 &
 REC=$!
 wait_attached "$REC" "$OUT/record.log" holds_perf_events "$REC"
@@ -249,7 +240,7 @@ kill -0 "$LOAD" 2>/dev/null || die "kvload stopped early: $(tail -n 5 "$OUT/kvlo
 # the first, the load stops while it compiles.
 stop_load
 t=$EPOCHREALTIME
-"${RECORD[@]}" -p "$SERVER" -d 3 -o "$OUT/stacks.json" \
+python3 -m kvprof record -p "$SERVER" -d 3 -o "$OUT/stacks.json" \
     --collectors oncpu,offcpu --offcpu-hz 0 >"$OUT/record-stacks.log" 2>&1 &
 REC=$!
 wait_attached "$REC" "$OUT/record-stacks.log" grep -q collecting "$OUT/record-stacks.log"
