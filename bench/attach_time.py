@@ -45,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kvprof.bench import published  # noqa: E402
 from kvprof.collect.session import ALL_COLLECTORS  # noqa: E402
 from kvprof.system import demo  # noqa: E402
 from kvprof.system.servers import start_kvcached  # noqa: E402
@@ -123,6 +124,42 @@ def timed_top(pid: int, tree: Path) -> tuple[float, float]:
         screen.stop()
 
 
+def figure(name: str, runs: list[dict[str, float]], mark: str, unit: str = "s") -> published.Figure:
+    """The median of one mark over the runs, with their min-max (a run that never reached it left out)."""
+    return published.Figure.median_of(name, [m[mark] for m in runs if m[mark] == m[mark]], unit, "runs", 2)
+
+
+def write_results(
+    a: argparse.Namespace,
+    full: list[dict[str, float]],
+    short: list[dict[str, float]],
+    tops: list[dict[str, float]],
+    loaded: bool,
+) -> None:
+    """bench/results/attach-time-*.json: the medians above, with their ranges."""
+    figures = [
+        figure("record: attached", full, "attached"),
+        figure("record -d 0.1: CPU of the command", short, "cpu", "CPU s"),
+    ]
+    if tops and loaded:
+        figures.append(figure("top -p: first finding on screen", tops, "first"))
+    if tops:
+        figures.append(figure("top -p: every collector attached", tops, "attached"))
+    settings = {
+        "runs": a.runs,
+        "load": "demo" if loaded else "none",
+        "server": "kvcached --preset baseline -t 2",
+    }
+    where = published.write(
+        "attach-time" + ("" if loaded else "-idle"),
+        "Time to attach",
+        figures,
+        settings,
+        REPO / "bench" / "results",
+    )
+    print(f"wrote {where}")
+
+
 def git_head(tree: Path) -> str:
     out = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h"], capture_output=True, text=True)
     return out.stdout.strip() or "?"
@@ -175,6 +212,7 @@ def main() -> int:
                       flush=True)  # fmt: skip
             first = "" if load is None else f"first finding after median {spread(tops, 'first')}; "
             print(f"top -p: {first}every collector attached after median {spread(tops, 'attached')}")
+        write_results(a, full, short, tops if not a.no_top else [], load is not None)
         return 0
     finally:
         if load is not None:

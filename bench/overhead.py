@@ -118,6 +118,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvprof.analysis.own_cost import own_cost  # noqa: E402
+from kvprof.bench import published  # noqa: E402
 from kvprof.bench.machine import process_cpu_s  # noqa: E402
 from kvprof.bench.placement import Placement, alike  # noqa: E402
 from kvprof.collect.overhead import enable_stats  # noqa: E402
@@ -649,6 +650,9 @@ def single(args: argparse.Namespace, tmp: str, sample: list[str]) -> None:
                   f"{1 - med:>6.1%} {own:>9}  {sm:>26}")  # fmt: skip
         if profiles:
             where_it_goes(profiles)
+        write_results(
+            args, {t: (ratios[t], statistics.median(costs[t]) if costs[t] else None) for t in tools}
+        )
     finally:
         load.send_signal(signal.SIGTERM)
         load.wait(timeout=10)
@@ -872,11 +876,51 @@ def toggle_windows(args: argparse.Namespace, tmp: str, sample: list[str]) -> Non
             own = f"{share:.1%}" if share is not None else "-"
             print(f"{tool:<20} {med:>12.3f} {q[0]:>6.3f}-{q[2]:<6.3f} {rs[0]:>6.3f}-{rs[-1]:<6.3f} "
                   f"{1 - med:>6.1%} {own:>9}")  # fmt: skip
+        write_results(args, results)
     finally:
         load.send_signal(signal.SIGTERM)
         load.wait(timeout=10)
         server.stop()
         server.log_path.unlink(missing_ok=True)
+
+
+def write_results(args: argparse.Namespace, results: dict[str, tuple[list[float], float | None]]) -> None:
+    """bench/results/overhead-*.json: each tool's median ratio (with / without) and its IQR,
+    and the own-cost figure of its profile where it has one."""
+    figures = []
+    for tool, (ratios, share) in results.items():
+        rs = sorted(ratios)
+        if not rs:
+            continue
+        q = statistics.quantiles(rs, n=4) if len(rs) >= 2 else [rs[0]] * 3
+        figures.append(
+            published.Figure(
+                f"{tool}: throughput with / without",
+                round(statistics.median(rs), 4),
+                "x",
+                round(q[0], 4),
+                round(q[2], 4),
+                f"IQR of {len(rs)} pairs",
+                len(rs),
+            )
+        )
+        if share is not None:
+            figures.append(published.Figure(f"{tool}: own-cost figure", round(100 * share, 2), "%"))
+    settings = {
+        "mode": args.mode,
+        "load": args.load,
+        "preset": args.preset,
+        "pairs": args.pairs,
+        "seconds": args.seconds,
+        "tools": args.tools,
+    }
+    if args.mode == "toggle":
+        settings |= {"settle": args.settle, "toggle": args.toggle}
+    title = "What kvprof costs the server it watches" + (" (toggled)" if args.mode == "toggle" else "")
+    path = published.write(
+        f"overhead-{args.mode}-{args.load}", title, figures, settings, REPO / "bench" / "results"
+    )
+    print(f"wrote {path}", flush=True)
 
 
 def continuous_profile(tool: str, pid: int, tmp: str, seconds: float = FIGURE_S) -> Profile | None:

@@ -21,6 +21,7 @@ from kvprof.bench import (
     history,
     instructions,
     placement,
+    published,
     results,
     revisions,
     scenarios,
@@ -53,6 +54,7 @@ class Options:
     requests: int = DEFAULT_REQUESTS  # --instructions: measured operations per round
     revs: tuple[str, ...] = ()  # kvcached built at these git revisions, as the variants
     history: Path | None = None  # JSON lines, one per run, judged against the last runs
+    results: Path | None = None  # also write the figures as a result file here (kvprof.bench.published)
 
 
 DEFAULT_DURATION = 5.0
@@ -146,6 +148,37 @@ def _history(o: Options, plan: Plan, figures: dict[str, dict[str, float]]) -> li
     return [w for line in said for w in table.wrap(line)]
 
 
+def _publish(
+    o: Options, bench: str, title: str, figures: list[published.Figure], **settings: object
+) -> list[str]:
+    """With --results DIR: the figures as a result file there; the line that says so."""
+    if o.results is None:
+        return []
+    settings = {"runs": o.runs, **settings}
+    return [f"wrote {published.write(bench, title, figures, settings, o.results)} (results)"]
+
+
+def _published_figures(measured: Sequence[results.Measured]) -> list[published.Figure]:
+    """Each variant's median ops/s (min-max of its runs), and its median per-round ratio to its
+    group's first variant with that ratio's CV."""
+    out = []
+    for _, members in table.groups(measured):
+        for m in members:
+            out.append(published.Figure.median_of(f"{m.name}: ops/s", m.ops, "ops/s", "runs", 0))
+            if m is not members[0]:
+                c = stats.compare(members[0].ops, m.ops)
+                out.append(
+                    published.Figure(
+                        f"{m.name} / {members[0].name}",
+                        round(c.ratio, 4),
+                        "x",
+                        spread=f"CV {c.spread:.1%} of the per-round ratios; {c.verdict}",
+                        n=len(m.ops),
+                    )
+                )
+    return out
+
+
 def _timed_figures(measured: Sequence[results.Measured]) -> dict[str, dict[str, float]]:
     out = {}
     for _, members in table.groups(measured):
@@ -213,6 +246,19 @@ def run_scenario(
             lines += ["", *whatif.render(g.variants, ops, recorder)]
     lines += _history(o, plan, _timed_figures(measured))
     lines.append(f"wrote {output} (pyperf JSON)")
+    figures = _published_figures(measured)
+    if recorder is not None:
+        ops = {m.name: m.ops for m in measured}
+        figures += [f for g in plan.groups for f in whatif.figures(g.variants, ops, recorder)]
+    lines += _publish(
+        o,
+        f"bench-{plan.scenario}",
+        f"kvprof bench --scenario {plan.scenario}",
+        figures,
+        duration_s=duration,
+        variants=[v.name for v in plan.variants],
+        workers=list(o.overrides.workers or ()),
+    )
     print("\n".join(lines), file=out, flush=True)
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -249,6 +295,17 @@ def run_instructions(o: Options, plan: Plan, out: TextIO = sys.stdout, progress:
     }
     lines += _history(o, plan, figures)
     lines.append(f"wrote {output} (pyperf JSON)")
+    lines += _publish(
+        o,
+        f"bench-{plan.scenario}-instructions",
+        f"kvprof bench --scenario {plan.scenario} --instructions",
+        [
+            published.Figure(f"{name}: {what}", round(value, 3), "per op", n=rounds)
+            for name, fs in figures.items()
+            for what, value in fs.items()
+        ],
+        requests=o.requests,
+    )
     print("\n".join(lines), file=out, flush=True)
     return EXIT_INTERRUPTED if rounds < o.runs else 0
 
@@ -284,6 +341,13 @@ def run_atomics(o: Options, out: TextIO = sys.stdout, progress: TextIO = sys.std
         *table.render_atomics(done, multi),
         f"wrote {output} (pyperf JSON)",
     ]
+    lines += _publish(
+        o,
+        "bench-atomics",
+        "kvprof bench --scenario atomics",
+        [published.Figure.median_of(f"{r.config.name}: ops/s", r.ops, "ops/s", "runs", 0) for r in done],
+        duration_s=duration,
+    )
     print("\n".join(lines), file=out, flush=True)
     return status
 
@@ -304,6 +368,6 @@ def compare(old: Path, new: Path, out: TextIO = sys.stdout) -> int:
 def run(o: Options, predict: whatif.Predict | None = None) -> int:
     if o.scenario == scenarios.ATOMICS:
         if o.against or o.overrides.servers or o.overrides.client_changes() or o.revs or o.instructions:
-            raise BadOptions("--scenario atomics takes only -t, --runs, --duration, -o")
+            raise BadOptions("--scenario atomics takes only -t, --runs, --duration, -o, --results")
         return run_atomics(o)
     return run_scenario(o, predict=predict)

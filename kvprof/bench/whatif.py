@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvprof.bench import BenchError, stats, table
+from kvprof.bench import BenchError, published, stats, table
 from kvprof.bench.loadgen import kvload_argv
 from kvprof.bench.runner import Bench
 from kvprof.bench.scenarios import WHATIF
@@ -376,6 +376,33 @@ def order_misses(rows: Sequence[Check]) -> list[str]:
 
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
+
+
+def figures(
+    group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder
+) -> list[published.Figure]:
+    """Each fix's predicted gain and the gain it measured (toggled, or the paired rounds'),
+    in percent, for the result file."""
+    said = rec.predicted.get(group[0].name)
+    if said is None:
+        return []
+    out = []
+    for r in checks(group, ops, said, rec.toggled.get(group[0].name)):
+        how = "toggled, ±2 standard errors" if r.toggled is not None else "paired rounds, ±their CV"
+        n = len(r.toggled.ratios) if r.toggled is not None else len(ops[group[0].name])
+        out += [
+            published.Figure(f"{group[0].group}: {r.fix} predicted", round(100 * r.predicted, 2), "%"),
+            published.Figure(
+                f"{group[0].group}: {r.fix} measured",
+                round(100 * r.measured, 2),
+                "%",
+                round(100 * (r.measured - r.spread), 2),
+                round(100 * (r.measured + r.spread), 2),
+                how,
+                n,
+            ),
+        ]
+    return out
 
 
 def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder) -> list[str]:

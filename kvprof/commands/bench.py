@@ -91,6 +91,12 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
     p.add_argument(
+        "--results",
+        type=Path,
+        metavar="DIR",
+        help="also write the figures as a result file in DIR (bench/results in a checkout: docs/results.md)",
+    )
+    p.add_argument(
         "--instructions",
         action="store_true",
         help="run each server under cachegrind for a fixed request count: instructions and "
@@ -170,6 +176,7 @@ def _bench(args: argparse.Namespace) -> int:
             args.rev,
             args.history,
             args.requests,
+            args.results,
         ]
         if args.scenario != "study" or any(x is not None for x in others):
             return fail("bench", "--compare takes only the two files")
