@@ -99,6 +99,18 @@ lint:
 	$(MYPY) kvprof
 	$(MAKE) -C server B=build-lint WERROR=1
 
+.PHONY: results-page pictures
+
+# docs/results.md from bench/results/*.json (the benchmarks write them); tests/test_results_page.py
+# fails when the committed page is not what the data gives.
+results-page:
+	$(VENV)/bin/python scripts/results_page.py
+
+# The pictures in the docs, made from the demo: kvprof top's screens and the flame graphs
+# (docs/images/). scripts/pictures.py.
+pictures: setup build
+	$(AS_ROOT) $(VENV)/bin/python scripts/pictures.py
+
 # `kvprof demo` (no root: the server's own stats, printed) is the way to see it without BPF.
 demo: setup build
 	$(AS_ROOT) $(VENV)/bin/kvprof top --demo
