@@ -80,7 +80,7 @@ def classify_transfers(
 
 
 @dataclass
-class LineRow:
+class LineMapEntry:
     """One BPF map entry: the samples of one thread on one (site, line)."""
 
     site: str
@@ -95,7 +95,7 @@ class LineRow:
 
 @dataclass
 class _Snapshot:
-    rows: list[LineRow] = field(default_factory=list)
+    rows: list[LineMapEntry] = field(default_factory=list)
     hist: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     matrix: dict[tuple[str, int], dict[tuple[int, int], int]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
@@ -145,7 +145,7 @@ class CachelinesCollector(KvsCollector):
         snap = _Snapshot()
         for k, v in map_items(self.table("lines")):
             snap.rows.append(
-                LineRow(
+                LineMapEntry(
                     self.site(k.site), k.line, k.tid, v.samples, v.transfers, v.cross, v.cycles, v.max_cycles
                 )
             )
@@ -177,7 +177,7 @@ class CachelinesCollector(KvsCollector):
 
 
 def aggregate(
-    rows: list[LineRow],
+    rows: list[LineMapEntry],
     hist: dict[tuple[str, int], list[int]],
     matrix: dict[tuple[str, int], dict[tuple[int, int], int]],
     sockets: int,

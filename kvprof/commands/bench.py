@@ -90,12 +90,7 @@ def add_parser(commands: Any) -> None:
         "run it again (up to 3 times) when other processes used over 0.15 cores meanwhile",
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
-    p.add_argument(
-        "--results",
-        type=Path,
-        metavar="DIR",
-        help="also write the figures as a result file in DIR (bench/results in a checkout: docs/results.md)",
-    )
+    p.add_argument("--results", type=Path, metavar="DIR", help="also write a result file in DIR")
     p.add_argument(
         "--instructions",
         action="store_true",
