@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -107,6 +108,16 @@ def spread(f: dict) -> str:
     return " ".join(parts) if parts else "-"
 
 
+def command(text: str) -> str:
+    """The command as shown: `--runs=N` for `--runs N` (the same to argparse), so that a
+    run count never reads as a reference to a numbered run."""
+    return re.sub(r"--runs (\d+)", r"--runs=\1", text)
+
+
+def when(doc: dict) -> str:
+    return doc["date"][:16].replace("T", " ") + " UTC"
+
+
 def machine(doc: dict) -> str:
     m = doc.get("machine", {})
     cpus = m.get("cpu_count", "?")
@@ -136,7 +147,7 @@ def bench_block(docs: list[dict]) -> list[str]:
             continue
         shown.update(f["name"] for f in figures)
         lines += [
-            f"`{doc['command']}`, {doc['date'][:16].replace('T', ' ')} UTC, kvprof {doc['kvprof_version']}",
+            f"`{command(doc['command'])}`, {when(doc)}, kvprof {doc['kvprof_version']}",
             "",
             f"- machine: {machine(doc)}",
             f"- settings: {settings(doc)}",
