@@ -99,7 +99,7 @@ lint:
 	$(MYPY) kvprof
 	$(MAKE) -C server B=build-lint WERROR=1
 
-.PHONY: results-page pictures
+.PHONY: results-page pictures doc-examples
 
 # docs/results.md from bench/results/*.json (the benchmarks write them); tests/test_results_page.py
 # fails when the committed page is not what the data gives.
@@ -110,6 +110,11 @@ results-page:
 # (docs/images/). scripts/pictures.py.
 pictures: setup build
 	$(AS_ROOT) $(VENV)/bin/python scripts/pictures.py
+
+# The example outputs in docs/*.md (between <!-- output: NAME --> markers), from the commands
+# run on the demo server. scripts/doc_examples.py.
+doc-examples: setup build
+	$(AS_ROOT) $(VENV)/bin/python scripts/doc_examples.py
 
 # `kvprof demo` (no root: the server's own stats, printed) is the way to see it without BPF.
 demo: setup build
