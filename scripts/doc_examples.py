@@ -121,6 +121,17 @@ def collect(tmp: Path, wanted: set[str]) -> Blocks:
 
     with_server("baseline", baseline)
     with_server("fixed", fixed)
+    if want("kvload"):
+        server = start_kvcached(["--preset", "fixed", "-t", "2"])
+        try:
+            shown = (
+                f"server/build/kvload --server {server.address} --batch-size 100 --set-pct 0 "
+                "--num-items 10000 --min-size 32 --max-size 32 --duration 3"
+            )
+            blocks["kvload"] = [run(tmp, shown, [str(REPO / shown.split()[0]), *shown.split()[1:]])]
+        finally:
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
     if want("report"):
         blocks["report"] = [run(tmp, "kvprof report baseline.json.gz")]
     if want("flamegraph"):
