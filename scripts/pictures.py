@@ -5,7 +5,7 @@
    real `kvprof top` app on a live source at 132x40, every view saved once
    every collector is attached and the recent window is full (Textual's own
    SVG screenshot, turned into a PNG): docs/images/top-<view>.png.
-2. `kvprof record -d RECORD_S` of that server, then of the same server
+2. `kvprof record -d RECORD_S --hz RECORD_HZ` of that server, then of the same server
    started `--preset fixed` under the same load; from them `kvprof flamegraph
    --kind cpu|offcpu|locks` of the baseline and `kvprof diff` baseline ->
    fixed (on-CPU): docs/images/flamegraph-<kind>.png, flamegraph-diff.png.
@@ -42,6 +42,7 @@ IMAGES = REPO / "docs" / "images"
 SIZE = (132, 40)
 SETTLE_S = 8.0  # after the last collector attached: the "recent" window is full by then
 RECORD_S = 8.0
+RECORD_HZ = 499  # enough on-CPU samples in RECORD_S for a flame graph worth looking at
 KVPROF = [sys.executable, "-m", "kvprof"]
 
 
@@ -98,7 +99,19 @@ def top_pictures(server: Server, tmp: Path) -> None:
 
 def record(server: Server, out: Path) -> Path:
     subprocess.run(
-        [*KVPROF, "record", "-p", str(server.pid), "-d", str(RECORD_S), "-o", str(out), "-q"],
+        [
+            *KVPROF,
+            "record",
+            "-p",
+            str(server.pid),
+            "-d",
+            str(RECORD_S),
+            "--hz",
+            str(RECORD_HZ),
+            "-o",
+            str(out),
+            "-q",
+        ],
         check=True,
         timeout=300,
     )

@@ -93,8 +93,14 @@ def number(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 10 else f"{x:.3g}"
 
 
+def ratio(x: float) -> str:
+    return f"{x:.3f}"
+
+
 def value(f: dict) -> str:
     unit = f.get("unit", "")
+    if unit == "x":
+        return f"{ratio(f['value'])}x"
     sep = "" if unit in ("x", "%") else " "
     return f"{number(f['value'])}{sep}{unit}"
 
@@ -102,7 +108,8 @@ def value(f: dict) -> str:
 def spread(f: dict) -> str:
     parts = []
     if "low" in f and "high" in f:
-        parts.append(f"{number(f['low'])}-{number(f['high'])}")
+        show = ratio if f.get("unit") == "x" else number
+        parts.append(f"{show(f['low'])}-{show(f['high'])}")
     if f.get("spread"):
         parts.append(f["spread"])
     return " ".join(parts) if parts else "-"
@@ -154,6 +161,8 @@ def bench_block(docs: list[dict]) -> list[str]:
         ]
         if doc.get("source"):
             lines.append(f"- source: {doc['source']}")
+        if doc.get("note"):
+            lines.append(f"- note: {doc['note']}")
         lines += ["", "| figure | value | spread | n |", "| --- | --- | --- | --- |"]
         lines += [f"| {f['name']} | {value(f)} | {spread(f)} | {f.get('n', '-')} |" for f in figures]
         lines.append("")

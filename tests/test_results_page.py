@@ -72,9 +72,9 @@ def test_latest_value_wins_and_the_check_sees_a_stale_page(tmp_path: Path) -> No
     out = tmp_path / "results.md"
     assert page(results, out).returncode == 0
     text = out.read_text()
-    assert "| record: throughput | 0.97x | 0.96-0.99 IQR of 99 pairs | 99 |" in text
-    assert "0.9x" not in text  # the older value of a figure the newer file has
-    assert "| top: throughput | 0.8x | - | - |" in text  # a figure only the older file has
+    assert "| record: throughput | 0.970x | 0.960-0.990 IQR of 99 pairs | 99 |" in text
+    assert "0.900x" not in text  # the older value of a figure the newer file has
+    assert "| top: throughput | 0.800x | - | - |" in text  # a figure only the older file has
     assert text.index("--pairs 99") < text.index("--pairs 10")
     assert page(results, out, "--check").returncode == 0
     (results / "b.json").unlink()

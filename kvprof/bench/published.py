@@ -4,7 +4,10 @@ Every benchmark (bench/*.py, `kvprof bench`) calls `write` once at its end
 with what it ran (the command, the settings) and what it found (figures,
 each with its spread). The file names the machine and the kvprof version, so
 a figure can always be traced to where and what measured it.
-`scripts/results_page.py` turns the directory into the page.
+`scripts/results_page.py` turns the directory into the page. A file may
+also carry a `source` (where figures converted from older records came from)
+and a `note` (what the person who ran it knows of the machine at the time,
+e.g. that it was shared), added by hand.
 """
 
 from __future__ import annotations
