@@ -82,11 +82,10 @@ def exporter(tmp: Path, server: Server) -> list[tuple[str, str]]:
     grep = (
         f"curl -s 127.0.0.1:{port}/metrics | grep -E '^kvprof_(lock_wait_seconds|cacheline_transfers)_total'"
     )
-    return [
-        (shown + "   # then, from another shell:", ""),
-        (grep, scrape),
-        ("kill -TERM %1", out.rstrip("\n")),
-    ]
+    said = out.rstrip("\n").splitlines()
+    ending = [line for line in said if line.startswith("kvprof exporter: detach")]
+    banner = [line for line in said if line not in ending]
+    return [(shown + " &", "\n".join(banner)), (grep, scrape), ("kill -TERM %1", "\n".join(ending))]
 
 
 def with_server(preset: str, steps: Callable[[Server], None]) -> None:
@@ -182,7 +181,8 @@ def main() -> int:
     ap.add_argument("names", nargs="*", help="only these examples (default: all)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvprof-examples-") as name:
-        fill(collect(Path(name), set(a.names)))
+        blocks = collect(Path(name), set(a.names))
+    fill({k: v for k, v in blocks.items() if not a.names or k in a.names})
     return 0
 
 
