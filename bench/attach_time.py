@@ -150,13 +150,8 @@ def write_results(
         "load": "demo" if loaded else "none",
         "server": "kvcached --preset baseline -t 2",
     }
-    where = published.write(
-        "attach-time" + ("" if loaded else "-idle"),
-        "Time to attach",
-        figures,
-        settings,
-        REPO / "bench" / "results",
-    )
+    doc = published.document("attach-time" + ("" if loaded else "-idle"), "Time to attach", figures, settings)
+    where = published.write(doc, REPO / "bench" / "results")
     print(f"wrote {where}")
 
 

@@ -124,13 +124,10 @@ def main() -> int:
         "repeat": args.repeat,
         "min_width": opts.min_width,
     }
-    where = published.write(
-        "flamegraph-speed",
-        "A 1M-sample profile to an SVG flame graph",
-        figures,
-        settings,
-        REPO / "bench" / "results",
+    doc = published.document(
+        "flamegraph-speed", "A synthetic profile to an SVG flame graph", figures, settings
     )
+    where = published.write(doc, REPO / "bench" / "results")
     print(f"wrote {where}")
     return 0
 

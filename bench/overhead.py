@@ -918,7 +918,8 @@ def write_results(args: argparse.Namespace, results: dict[str, tuple[list[float]
         settings |= {"settle": args.settle, "toggle": args.toggle}
     title = "What kvprof costs the server it watches" + (" (toggled)" if args.mode == "toggle" else "")
     path = published.write(
-        f"overhead-{args.mode}-{args.load}", title, figures, settings, REPO / "bench" / "results"
+        published.document(f"overhead-{args.mode}-{args.load}", title, figures, settings),
+        REPO / "bench" / "results",
     )
     print(f"wrote {path}", flush=True)
 

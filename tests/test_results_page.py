@@ -84,7 +84,9 @@ def test_latest_value_wins_and_the_check_sees_a_stale_page(tmp_path: Path) -> No
 def test_writer_names_machine_version_and_command(tmp_path: Path) -> None:
     """published.write puts one file per call in the directory it is given, with the machine,
     the kvprof version and the command line."""
-    path = published.write("x", "t", [published.Figure("f", 1.0, "s")], {"k": 1}, tmp_path, command="cmd")
+    path = published.write(
+        published.document("x", "t", [published.Figure("f", 1.0, "s")], {"k": 1}, "cmd"), tmp_path
+    )
     assert path is not None and path.parent == tmp_path
     doc = json.loads(path.read_text())
     assert doc["machine"]["cpu_count"] >= 1 and doc["kvprof_version"] and doc["command"] == "cmd"

@@ -155,7 +155,9 @@ def _publish(
     if o.results is None:
         return []
     settings = {"runs": o.runs, **settings}
-    return [f"wrote {published.write(bench, title, figures, settings, o.results)} (results)"]
+    return [
+        f"wrote {published.write(published.document(bench, title, figures, settings), o.results)} (results)"
+    ]
 
 
 def _published_figures(measured: Sequence[results.Measured]) -> list[published.Figure]:

@@ -1,7 +1,7 @@
 """A benchmark's results as one JSON file, the data docs/results.md is made from.
 
-Every benchmark (bench/*.py, `kvprof bench`) calls `write` once at its end
-with what it ran (the command, the settings) and what it found (figures,
+Every benchmark (bench/*.py, `kvprof bench --results DIR`) calls `write` once
+at its end with a `document` of what it ran (the command, the settings) and what it found (figures,
 each with its spread). The file names the machine and the kvprof version, so
 a figure can always be traced to where and what measured it.
 `scripts/results_page.py` turns the directory into the page. A file may
@@ -28,8 +28,6 @@ from kvprof.bench.machine import host_metadata
 
 FORMAT = "kvprof-result"
 VERSION = 1
-# Where results go when the command runs in a checkout (the directory exists).
-RESULTS_DIR = Path("bench/results")
 
 
 @dataclass(frozen=True)
@@ -103,22 +101,10 @@ def document(
     return doc
 
 
-def write(
-    bench: str,
-    title: str,
-    figures: Sequence[Figure],
-    settings: Mapping[str, object],
-    directory: Path | None = None,
-    command: str | None = None,
-) -> Path | None:
-    """Write bench/results/<bench>-<UTC time>.json; returns its path, or None when there is
-    no results directory here (the command ran outside a checkout and was given none)."""
-    where = directory if directory is not None else RESULTS_DIR
-    if directory is None and not where.is_dir():
-        return None
-    where.mkdir(parents=True, exist_ok=True)
-    doc = document(bench, title, figures, settings, command)
+def write(doc: dict[str, object], directory: Path) -> Path:
+    """Write `doc` (from `document`) as DIRECTORY/<bench>-<UTC time>.json; its path."""
+    directory.mkdir(parents=True, exist_ok=True)
     stamp = str(doc["date"]).replace("-", "").replace(":", "")
-    path = where / f"{bench}-{stamp}.json"
+    path = directory / f"{doc['bench']}-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
