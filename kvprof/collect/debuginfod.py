@@ -1,0 +1,336 @@
+"""Debug files from debuginfod servers, by build-id, as gdb and perf fetch them.
+
+The servers are those of `DEBUGINFOD_URLS` (space-separated URLs; set and empty:
+none), else those the `*.urls` files of URLS_DIR name (what Debian's and Fedora's
+login scripts put into the variable; `sudo` drops it). A module's debug file is
+`GET URL/buildid/HEX/debuginfo`, asked of each server in turn.
+
+What a server sends is untrusted: it is kept only when it is an ELF file whose
+build-id note is the one asked for and whose symbol table can be read, within
+MAX_BYTES; anything else is refused with one line. Each request waits at most
+REQUEST_S for the server, and all fetches of one kvprof process end TOTAL_S after
+the first began. A session starts them in the background while it attaches
+(start()); a module's names wait for its fetch only until then (debug_file()).
+
+Files are kept in CACHE_DIR (at most CACHE_BYTES, the least recently used dropped
+first); a build-id no server has is not asked for again for MISS_S, nor one whose
+servers did not answer for DOWN_S.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
+
+URLS_DIR = "/etc/debuginfod"
+URLS_DIR_ENV = "KVPROF_DEBUGINFOD_DIR"  # another folder of *.urls files (tests)
+REQUEST_S = 5.0  # connecting, and each read of an answer
+TOTAL_S = 30.0  # every fetch of one kvprof process, from the first one's start
+MAX_BYTES = 512 << 20
+MISS_S = 600.0  # a build-id the servers do not have: asked again after this
+DOWN_S = 60.0  # ... one whose servers did not answer
+CACHE_DIR = UNWIND_CACHE.parent / "debuginfod"
+CACHE_BYTES = 2 << 30
+_CHUNK = 1 << 20
+_SHF_COMPRESSED = 0x800
+
+Progress = Callable[[str], None] | None
+
+
+def servers() -> tuple[list[str], str]:
+    """The servers' URLs, and what named them ("" when nothing did)."""
+    env = os.environ.get("DEBUGINFOD_URLS")
+    if env is not None:
+        return _http(env.split()), "DEBUGINFOD_URLS"
+    folder = Path(os.environ.get(URLS_DIR_ENV) or URLS_DIR)
+    urls: list[str] = []
+    try:
+        files = sorted(folder.glob("*.urls"))
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            urls += f.read_text(errors="replace").split()
+        except OSError:
+            continue
+    return _http(urls), f"{folder}/*.urls" if urls else ""
+
+
+def _http(urls: list[str]) -> list[str]:
+    """The http(s) URLs of `urls`, once each, without a trailing slash."""
+    out = [u.rstrip("/") for u in urls if u.startswith(("http://", "https://"))]
+    return list(dict.fromkeys(out))
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def describe() -> str:
+    """One line: which servers are asked, and where they were named."""
+    urls, where = servers()
+    if not urls:
+        folder = os.environ.get(URLS_DIR_ENV) or URLS_DIR
+        if "DEBUGINFOD_URLS" in os.environ:
+            return "no server: DEBUGINFOD_URLS is set and names none"
+        return f"no server named: DEBUGINFOD_URLS is not set, and no {folder}/*.urls file names one"
+    return f"asks {' '.join(urls)} (from {where}) for the debug files of modules without names"
+
+
+# ---- one fetch --------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """A server's answer that is not the debug file asked for."""
+
+
+def _download(url: str, bid: str, dest: Path, deadline: float) -> int:
+    """GET the debug file of `bid` from the server at `url` into `dest`; its size.
+    HTTPError, URLError, OSError, HTTPException or _Refused when there is none."""
+    request = urllib.request.Request(f"{url}/buildid/{bid}/debuginfo", headers={"User-Agent": "kvprof"})
+    with urllib.request.urlopen(request, timeout=max(0.1, min(REQUEST_S, deadline - time.monotonic()))) as r:
+        length = r.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > MAX_BYTES:
+            raise _Refused(f"it is {_size(int(length))}, more than the {_size(MAX_BYTES)} kvprof takes")
+        size = 0
+        with dest.open("wb") as out:
+            while chunk := r.read(_CHUNK):
+                size += len(chunk)
+                if size > MAX_BYTES:
+                    raise _Refused(f"it is more than the {_size(MAX_BYTES)} kvprof takes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not sent within {TOTAL_S:g} s")
+                out.write(chunk)
+    return size
+
+
+def check(path: Path, bid: str) -> str | None:
+    """Why the file at `path` is not a debug file of build-id `bid` whose symbols
+    can be read, or None when it is one."""
+    try:
+        with path.open("rb") as f:
+            elf = ELFFile(f)
+            got = None
+            for sec in elf.iter_sections():
+                if sec["sh_type"] == "SHT_NOTE":
+                    for note in sec.iter_notes():
+                        if note["n_type"] == "NT_GNU_BUILD_ID":
+                            got = str(note["n_desc"])
+            if got != bid:
+                return f"its build-id is {got or 'missing'}, not {bid}"
+            symtab = elf.get_section_by_name(".symtab")
+            if symtab is None or symtab["sh_type"] != "SHT_SYMTAB":
+                return "it has no symbol table"
+            strtab = elf.get_section(symtab["sh_link"])
+            if (symtab["sh_flags"] | strtab["sh_flags"]) & _SHF_COMPRESSED:
+                return "its symbol table is compressed"
+            symtab.data(), strtab.data()
+    except Exception as e:  # untrusted bytes: whatever the ELF parser makes of them is a refusal
+        return f"it is not a readable ELF file ({e.__class__.__name__})"
+    return None
+
+
+# ---- the fetches of this process ---------------------------------------------------
+
+
+@dataclass
+class _State:
+    done: dict[str, threading.Event] = field(default_factory=dict)  # build-id -> set once fetched or not
+    files: dict[str, str | None] = field(default_factory=dict)  # build-id -> its debug file, None: none
+    deadline: float = 0.0  # no fetch goes on after it (time.monotonic(); 0: none began)
+    down: dict[str, str] = field(default_factory=dict)  # server -> why it did not answer
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+_lock = threading.Lock()
+_state = _State()
+
+
+def forget() -> None:
+    """Forget this process's fetches (a test's next server, another cache)."""
+    global _state
+    with _lock:
+        _state = _State()
+
+
+def said() -> tuple[list[str], list[str]]:
+    """(warnings, notes) of the fetches so far, for a profile's status."""
+    with _lock:
+        return list(_state.warnings), list(_state.notes)
+
+
+def _say(line: str, warning: bool, progress: Progress) -> None:
+    with _lock:
+        lines = _state.warnings if warning else _state.notes
+        if line in lines:
+            return
+        lines.append(line)
+    if progress is not None:
+        progress(line)
+
+
+def _cached(bid: str) -> tuple[str | None, str, bool]:
+    """(the cached debug file of `bid` or None, what its remembered miss said or "",
+    whether that miss was of servers that did not answer)."""
+    file = CACHE_DIR / f"{bid}.debug"
+    if file.is_file():
+        try:
+            os.utime(file)
+        except OSError:
+            pass
+        return str(file), "", False
+    try:
+        miss = json.loads((CACHE_DIR / f"{bid}.miss").read_text())
+        age = time.time() - (CACHE_DIR / f"{bid}.miss").stat().st_mtime
+        keep = DOWN_S if miss["down"] else MISS_S
+        if 0 <= age < keep:
+            when = time.strftime("%H:%M:%S", time.localtime(time.time() - age))
+            return None, f"{miss['line']} (at {when}; asked again in {keep - age:.0f} s)", bool(miss["down"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None, "", False
+
+
+def _remember_miss(bid: str, line: str, down: bool) -> None:
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        (CACHE_DIR / f"{bid}.miss").write_text(json.dumps({"line": line, "down": down}))
+    except OSError:
+        pass
+
+
+def _trim_cache() -> None:
+    try:
+        files = sorted(CACHE_DIR.glob("*.debug"), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for p in files:  # the most recently used first, until the budget is spent
+            total += p.stat().st_size
+            if total > CACHE_BYTES:
+                p.unlink(missing_ok=True)
+        for p in CACHE_DIR.glob("*.tmp"):  # a kvprof that exited mid-download
+            if time.time() - p.stat().st_mtime > TOTAL_S:
+                p.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | None:
+    """Ask each server in turn for the debug file of module `name` (build-id `bid`)."""
+    with _lock:
+        if not _state.deadline:
+            _state.deadline = time.monotonic() + TOTAL_S
+        deadline = _state.deadline
+    missing: list[str] = []
+    for url in urls:
+        with _lock:
+            silent = _state.down.get(url)
+        if silent is not None:
+            missing.append(f"{url} did not answer ({silent})")
+            continue
+        if time.monotonic() >= deadline:
+            late = f"debuginfod: {name}'s debug file not asked for: fetches end {TOTAL_S:g} s after the first"
+            _say(late, True, progress)
+            return None
+        try:
+            CACHE_DIR.mkdir(parents=True, exist_ok=True)
+            tmp = CACHE_DIR / f"{bid}.{os.getpid()}.{threading.get_native_id()}.tmp"
+        except OSError as e:
+            _say(f"debuginfod: cannot keep debug files in {CACHE_DIR}: {e.strerror}", True, progress)
+            return None
+        start = time.monotonic()
+        try:
+            size = _download(url, bid, tmp, deadline)
+            why = check(tmp, bid)
+            if why is not None:
+                raise _Refused(why)
+            file = CACHE_DIR / f"{bid}.debug"
+            tmp.rename(file)
+        except urllib.error.HTTPError as e:
+            missing.append(f"{url} has none" if e.code == 404 else f"{url} answered HTTP {e.code}")
+            continue
+        except _Refused as e:
+            _say(f"debuginfod: refused {name}'s debug file from {url}: {e}", True, progress)
+            continue
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            why = getattr(reason, "strerror", None) or str(reason) or e.__class__.__name__
+            with _lock:
+                _state.down[url] = why
+            missing.append(f"{url} did not answer ({why})")
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        took = time.monotonic() - start
+        got = f"debuginfod: {name}'s debug file ({_size(size)}) from {url} in {took:.1f} s"
+        _say(got, False, progress)
+        _trim_cache()
+        return str(file)
+    if missing:
+        down = all("did not answer" in m for m in missing)
+        line = f"debuginfod: no debug file for {name} (build-id {bid}): {'; '.join(missing)}"
+        _say(line, down, progress)
+        _remember_miss(bid, line, down)
+    return None
+
+
+def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
+    """The debug file of module `name` (build-id `bid`) from the cache or a server, None
+    when no server is named or none has it; a fetch under way (start()) is waited for
+    until the fetches' deadline."""
+    urls, _ = servers()
+    if not urls:
+        return None
+    with _lock:
+        other = _state.done.get(bid)
+        event = _state.done[bid] = other or threading.Event()
+    if other is not None:
+        with _lock:
+            deadline = _state.deadline or time.monotonic() + TOTAL_S
+        event.wait(max(0.0, deadline - time.monotonic()))
+        with _lock:
+            return _state.files.get(bid)
+    try:
+        file, remembered, down = _cached(bid)
+        if file is not None:
+            _say(f"debuginfod: {name}'s debug file from the cache ({file})", False, progress)
+        elif remembered:
+            _say(remembered, down, progress)
+        else:
+            file = _fetch(bid, name, urls, progress)
+        with _lock:
+            _state.files[bid] = file
+    finally:
+        event.set()
+    return file
+
+
+def start(wanted: Callable[[], list[tuple[str, str]]], progress: Progress) -> None:
+    """Fetch, in a thread of its own, the debug files of the modules `wanted()` lists
+    (build-id, name): a session's attach goes on meanwhile. Nothing when no server is named."""
+    urls, where = servers()
+    if not urls:
+        return
+
+    def run() -> None:
+        modules = wanted()
+        todo = [(bid, name) for bid, name in modules if _cached(bid) == (None, "", False)]
+        if todo and progress is not None:
+            names = ", ".join(name for _, name in todo)
+            progress(f"debuginfod: asking {' '.join(urls)} (from {where}) for the debug files of {names}")
+        for bid, name in modules:
+            debug_file(bid, name, progress)
+
+    threading.Thread(target=run, name="kvprof-debuginfod", daemon=True).start()
