@@ -287,9 +287,9 @@ def test_an_answer_of_another_build_id_is_refused(
         else "it is not a readable ELF"
     )
     assert len(refused) == 1, seen.record
-    assert f"refused served_hot's debug file from {url}: {why}" in refused[0], seen.record
+    assert f"refused the debug file of served_hot from {url}: {why}" in refused[0], seen.record
     assert DECOY not in seen.report + seen.folded and HOT not in seen.report + seen.folded
-    assert "WARNING: debuginfod: refused served_hot's debug file" in seen.report
+    assert "WARNING: debuginfod: refused the debug file of served_hot" in seen.report
     assert not (tmp_path / "cache" / "kvprof" / "debuginfod" / f"{served.bid}.debug").exists()
 
 
@@ -340,7 +340,7 @@ def test_top_names_the_function_from_the_server(
     assert (tmp_path / "debuginfod" / f"{served.bid}.debug").is_file()
 
 
-# ---- the client alone: misses, limits ------------------------------------------------
+# ---- the client alone: servers, misses, limits ------------------------------------------------
 
 
 @pytest.fixture
@@ -350,6 +350,28 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     debuginfod.forget()
     yield tmp_path / "debuginfod"
     debuginfod.forget()
+
+
+def test_the_system_urls_files_count_where_the_login_script_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/etc/debuginfod/*.urls name servers only where /etc/profile.d/debuginfod.sh copies
+    them into DEBUGINFOD_URLS at login (Debian installs it only when its question was
+    answered yes); DEBUGINFOD_URLS, even empty, decides alone; only http(s) URLs count."""
+    folder, script = tmp_path / "etc-debuginfod", tmp_path / "debuginfod.sh"
+    folder.mkdir()
+    (folder / "elfutils.urls").write_text("https://debuginfod.example.org/ file:///etc\n")
+    monkeypatch.setattr(debuginfod, "URLS_DIR", str(folder))
+    monkeypatch.setattr(debuginfod, "PROFILE_SCRIPT", str(script))
+    monkeypatch.delenv("DEBUGINFOD_URLS")
+    urls, why = debuginfod.servers()
+    assert urls == [] and f"but no {script} puts them in DEBUGINFOD_URLS" in why, why
+    script.write_text("")
+    assert debuginfod.servers() == (["https://debuginfod.example.org"], f"{folder}/*.urls")
+    monkeypatch.setenv("DEBUGINFOD_URLS", "")
+    assert debuginfod.servers()[0] == []
+    monkeypatch.setenv("DEBUGINFOD_URLS", "http://a:1 http://b:2/")
+    assert debuginfod.servers() == (["http://a:1", "http://b:2"], "DEBUGINFOD_URLS")
 
 
 def test_a_miss_is_remembered(
@@ -364,7 +386,7 @@ def test_a_miss_is_remembered(
     assert debuginfod.debug_file(served.bid, "served_hot") is None
     _, notes = debuginfod.said()
     assert asked == [f"/buildid/{served.bid}/debuginfo"]
-    assert len(notes) == 1 and f"{url} has none" in notes[0] and "asked again in" in notes[0], notes
+    assert len(notes) == 1 and f"{url} has none" in notes[0] and "not asked again until" in notes[0], notes
 
 
 def test_limits_of_size_and_time(

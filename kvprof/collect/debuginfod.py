@@ -1,9 +1,11 @@
 """Debug files from debuginfod servers, by build-id, as gdb and perf fetch them.
 
 The servers are those of `DEBUGINFOD_URLS` (space-separated URLs; set and empty:
-none), else those the `*.urls` files of URLS_DIR name (what Debian's and Fedora's
-login scripts put into the variable; `sudo` drops it). A module's debug file is
-`GET URL/buildid/HEX/debuginfo`, asked of each server in turn.
+none), else those the `*.urls` files of URLS_DIR name when PROFILE_SCRIPT, which
+puts them into the variable at login, is there (Fedora, Ubuntu; Debian when its
+package's question was answered yes): `sudo` drops the variable, not the files.
+A module's debug file is `GET URL/buildid/HEX/debuginfo`, asked of each server
+in turn.
 
 What a server sends is untrusted: it is kept only when it is an ELF file whose
 build-id note is the one asked for and whose symbol table can be read, within
@@ -35,7 +37,9 @@ from elftools.elf.elffile import ELFFile
 from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
 
 URLS_DIR = "/etc/debuginfod"
-URLS_DIR_ENV = "KVPROF_DEBUGINFOD_DIR"  # another folder of *.urls files (tests)
+URLS_DIR_ENV = "KVPROF_DEBUGINFOD_DIR"  # another folder of *.urls files, read as it is (tests)
+# URLS_DIR's files count where the system's login script reads them, as a login shell would
+PROFILE_SCRIPT = "/etc/profile.d/debuginfod.sh"
 REQUEST_S = 5.0  # connecting, and each read of an answer
 TOTAL_S = 30.0  # every fetch of one kvprof process, from the first one's start
 MAX_BYTES = 512 << 20
@@ -50,12 +54,14 @@ Progress = Callable[[str], None] | None
 
 
 def servers() -> tuple[list[str], str]:
-    """The servers' URLs, and what named them ("" when nothing did)."""
+    """The servers' URLs and what named them; no URL and why none when none is asked."""
     env = os.environ.get("DEBUGINFOD_URLS")
     if env is not None:
-        return _http(env.split()), "DEBUGINFOD_URLS"
-    folder = Path(os.environ.get(URLS_DIR_ENV) or URLS_DIR)
-    urls: list[str] = []
+        urls = _http(env.split())
+        return urls, "DEBUGINFOD_URLS" if urls else "DEBUGINFOD_URLS is set and names none"
+    custom = os.environ.get(URLS_DIR_ENV)
+    folder = Path(custom or URLS_DIR)
+    urls = []
     try:
         files = sorted(folder.glob("*.urls"))
     except OSError:
@@ -65,7 +71,15 @@ def servers() -> tuple[list[str], str]:
             urls += f.read_text(errors="replace").split()
         except OSError:
             continue
-    return _http(urls), f"{folder}/*.urls" if urls else ""
+    urls = _http(urls)
+    if not urls:
+        return [], f"DEBUGINFOD_URLS is not set, and no {folder}/*.urls file names a server"
+    if not custom and not os.path.exists(PROFILE_SCRIPT):  # the system does not use them
+        return [], (
+            f"{folder}/*.urls name {' '.join(urls)}, but no {PROFILE_SCRIPT} puts them in DEBUGINFOD_URLS "
+            "at login (on Debian: its package's question was answered no)"
+        )
+    return urls, f"{folder}/*.urls"
 
 
 def _http(urls: list[str]) -> list[str]:
@@ -79,13 +93,10 @@ def _size(n: int) -> str:
 
 
 def describe() -> str:
-    """One line: which servers are asked, and where they were named."""
+    """One line: which servers are asked and where they were named, or why none is."""
     urls, where = servers()
     if not urls:
-        folder = os.environ.get(URLS_DIR_ENV) or URLS_DIR
-        if "DEBUGINFOD_URLS" in os.environ:
-            return "no server: DEBUGINFOD_URLS is set and names none"
-        return f"no server named: DEBUGINFOD_URLS is not set, and no {folder}/*.urls file names one"
+        return f"no server asked: {where}"
     return f"asks {' '.join(urls)} (from {where}) for the debug files of modules without names"
 
 
@@ -146,13 +157,25 @@ def check(path: Path, bid: str) -> str | None:
 
 
 @dataclass
+class _Said:
+    """One line of the status: `head`, the names of the modules it is about, `tail`."""
+
+    head: str
+    tail: str
+    warning: bool
+    names: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"{self.head}{', '.join(self.names)}{self.tail}"
+
+
+@dataclass
 class _State:
     done: dict[str, threading.Event] = field(default_factory=dict)  # build-id -> set once fetched or not
     files: dict[str, str | None] = field(default_factory=dict)  # build-id -> its debug file, None: none
     deadline: float = 0.0  # no fetch goes on after it (time.monotonic(); 0: none began)
     down: dict[str, str] = field(default_factory=dict)  # server -> why it did not answer
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    said: dict[tuple[str, str], _Said] = field(default_factory=dict)
 
 
 _lock = threading.Lock()
@@ -167,24 +190,27 @@ def forget() -> None:
 
 
 def said() -> tuple[list[str], list[str]]:
-    """(warnings, notes) of the fetches so far, for a profile's status."""
+    """(warnings, notes) of the fetches so far, for a profile's status: one line for
+    the modules each outcome is about."""
     with _lock:
-        return list(_state.warnings), list(_state.notes)
+        lines = list(_state.said.values())
+    return [x.line() for x in lines if x.warning], [x.line() for x in lines if not x.warning]
 
 
-def _say(line: str, warning: bool, progress: Progress) -> None:
+def _say(head: str, name: str, tail: str, warning: bool) -> None:
     with _lock:
-        lines = _state.warnings if warning else _state.notes
-        if line in lines:
-            return
-        lines.append(line)
-    if progress is not None:
-        progress(line)
+        group = _state.said.setdefault((head, tail), _Said(head, tail, warning))
+        if name not in group.names:
+            group.names.append(name)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 def _cached(bid: str) -> tuple[str | None, str, bool]:
-    """(the cached debug file of `bid` or None, what its remembered miss said or "",
-    whether that miss was of servers that did not answer)."""
+    """(the cached debug file of `bid` or None, why the servers had none when a miss is
+    remembered (else ""), whether they did not answer)."""
     file = CACHE_DIR / f"{bid}.debug"
     if file.is_file():
         try:
@@ -194,20 +220,23 @@ def _cached(bid: str) -> tuple[str | None, str, bool]:
         return str(file), "", False
     try:
         miss = json.loads((CACHE_DIR / f"{bid}.miss").read_text())
-        age = time.time() - (CACHE_DIR / f"{bid}.miss").stat().st_mtime
-        keep = DOWN_S if miss["down"] else MISS_S
-        if 0 <= age < keep:
-            when = time.strftime("%H:%M:%S", time.localtime(time.time() - age))
-            return None, f"{miss['line']} (at {when}; asked again in {keep - age:.0f} s)", bool(miss["down"])
+        at = (CACHE_DIR / f"{bid}.miss").stat().st_mtime
+        until = at + (DOWN_S if miss["down"] else MISS_S)
+        if at <= time.time() < until:
+            return (
+                None,
+                f"{miss['why']} (at {_clock(at)}; not asked again until {_clock(until)})",
+                bool(miss["down"]),
+            )
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None, "", False
 
 
-def _remember_miss(bid: str, line: str, down: bool) -> None:
+def _remember_miss(bid: str, why: str, down: bool) -> None:
     try:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        (CACHE_DIR / f"{bid}.miss").write_text(json.dumps({"line": line, "down": down}))
+        (CACHE_DIR / f"{bid}.miss").write_text(json.dumps({"why": why, "down": down}))
     except OSError:
         pass
 
@@ -227,8 +256,12 @@ def _trim_cache() -> None:
         pass
 
 
+NO_FILE = "debuginfod: no debug file for "
+
+
 def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | None:
-    """Ask each server in turn for the debug file of module `name` (build-id `bid`)."""
+    """Ask each server in turn for the debug file of module `name` (build-id `bid`);
+    `progress` hears of each file fetched."""
     with _lock:
         if not _state.deadline:
             _state.deadline = time.monotonic() + TOTAL_S
@@ -241,15 +274,24 @@ def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | No
             missing.append(f"{url} did not answer ({silent})")
             continue
         if time.monotonic() >= deadline:
-            late = f"debuginfod: {name}'s debug file not asked for: fetches end {TOTAL_S:g} s after the first"
-            _say(late, True, progress)
+            _say(
+                "debuginfod: not asked for the debug file of ",
+                name,
+                f": fetches end {TOTAL_S:g} s after the first",
+                True,
+            )
             return None
         try:
             CACHE_DIR.mkdir(parents=True, exist_ok=True)
-            tmp = CACHE_DIR / f"{bid}.{os.getpid()}.{threading.get_native_id()}.tmp"
         except OSError as e:
-            _say(f"debuginfod: cannot keep debug files in {CACHE_DIR}: {e.strerror}", True, progress)
+            _say(
+                f"debuginfod: cannot keep debug files in {CACHE_DIR} ({e.strerror}): ",
+                name,
+                " not fetched",
+                True,
+            )
             return None
+        tmp = CACHE_DIR / f"{bid}.{os.getpid()}.{threading.get_native_id()}.tmp"
         start = time.monotonic()
         try:
             size = _download(url, bid, tmp, deadline)
@@ -262,7 +304,7 @@ def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | No
             missing.append(f"{url} has none" if e.code == 404 else f"{url} answered HTTP {e.code}")
             continue
         except _Refused as e:
-            _say(f"debuginfod: refused {name}'s debug file from {url}: {e}", True, progress)
+            _say("debuginfod: refused the debug file of ", name, f" from {url}: {e}", True)
             continue
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
             reason = getattr(e, "reason", None) or e
@@ -273,16 +315,16 @@ def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | No
             continue
         finally:
             tmp.unlink(missing_ok=True)
-        took = time.monotonic() - start
-        got = f"debuginfod: {name}'s debug file ({_size(size)}) from {url} in {took:.1f} s"
-        _say(got, False, progress)
+        if progress is not None:
+            took = time.monotonic() - start
+            progress(f"debuginfod: {name}'s debug file ({_size(size)}) from {url} in {took:.1f} s")
+        _say("debuginfod: names of ", name, f" from debug files of {url}", False)
         _trim_cache()
         return str(file)
     if missing:
         down = all("did not answer" in m for m in missing)
-        line = f"debuginfod: no debug file for {name} (build-id {bid}): {'; '.join(missing)}"
-        _say(line, down, progress)
-        _remember_miss(bid, line, down)
+        _say(NO_FILE, name, f": {'; '.join(missing)}", down)
+        _remember_miss(bid, "; ".join(missing), down)
     return None
 
 
@@ -305,9 +347,9 @@ def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
     try:
         file, remembered, down = _cached(bid)
         if file is not None:
-            _say(f"debuginfod: {name}'s debug file from the cache ({file})", False, progress)
+            _say("debuginfod: names of ", name, f" from debug files kept in {CACHE_DIR}", False)
         elif remembered:
-            _say(remembered, down, progress)
+            _say(NO_FILE, name, f": {remembered}", down)
         else:
             file = _fetch(bid, name, urls, progress)
         with _lock:
@@ -319,7 +361,8 @@ def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
 
 def start(wanted: Callable[[], list[tuple[str, str]]], progress: Progress) -> None:
     """Fetch, in a thread of its own, the debug files of the modules `wanted()` lists
-    (build-id, name): a session's attach goes on meanwhile. Nothing when no server is named."""
+    (build-id, name): a session's attach goes on meanwhile. `progress` hears what is
+    asked, each file fetched, and at the end what was not. Nothing when no server is named."""
     urls, where = servers()
     if not urls:
         return
@@ -332,5 +375,9 @@ def start(wanted: Callable[[], list[tuple[str, str]]], progress: Progress) -> No
             progress(f"debuginfod: asking {' '.join(urls)} (from {where}) for the debug files of {names}")
         for bid, name in modules:
             debug_file(bid, name, progress)
+        if progress is not None:
+            warnings, notes = said()
+            for line in warnings + [n for n in notes if n.startswith(NO_FILE)]:
+                progress(line)
 
     threading.Thread(target=run, name="kvprof-debuginfod", daemon=True).start()
