@@ -221,10 +221,12 @@ def test_a_stopped_server_is_said_and_the_report_still_works(
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):
-    """Answers every GET with the class's `body` (HTTP `code`), and notes the paths asked."""
+    """Answers every GET with the class's `body` (HTTP `code`), its length said unless
+    `pace`, the seconds between pieces of 100 bytes; notes the paths asked."""
 
     body = b""
     code = 200
+    pace = 0.0
     asked: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
@@ -233,9 +235,13 @@ class _Answers(http.server.BaseHTTPRequestHandler):
             self.send_error(self.code)
             return
         self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
+        if not self.pace:
+            self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
-        self.wfile.write(self.body)
+        for at in range(0, len(self.body), 100 if self.pace else len(self.body) or 1):
+            self.wfile.write(self.body[at : at + (100 if self.pace else len(self.body))])
+            self.wfile.flush()
+            time.sleep(self.pace)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -246,13 +252,13 @@ Answering = Callable[..., tuple[str, list[str]]]
 
 @pytest.fixture
 def answering() -> Iterator[Answering]:
-    """answering(body, code=200): a server on 127.0.0.1 that answers every request with
-    `body`; its URL and the paths it was asked for. Stopped at teardown."""
+    """answering(body, code=200, pace=0.0): a server on 127.0.0.1 that answers every
+    request with `body` (_Answers); its URL and the paths it was asked for. Stopped at teardown."""
     started: list[http.server.ThreadingHTTPServer] = []
 
-    def start(body: bytes, code: int = 200) -> tuple[str, list[str]]:
+    def start(body: bytes, code: int = 200, pace: float = 0.0) -> tuple[str, list[str]]:
         asked: list[str] = []
-        handler = type("Answers", (_Answers,), {"body": body, "code": code, "asked": asked})
+        handler = type("Answers", (_Answers,), {"body": body, "code": code, "pace": pace, "asked": asked})
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         started.append(srv)
@@ -392,14 +398,19 @@ def test_a_miss_is_remembered(
 def test_limits_of_size_and_time(
     served: Served, client: Path, answering: Answering, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An answer larger than MAX_BYTES is refused; a server that accepts the connection
-    and never answers is given up after REQUEST_S, said as not answering."""
+    """An answer larger than MAX_BYTES is refused, whether its length is said or not; a
+    server that accepts the connection and never answers is given up after REQUEST_S, one
+    that sends slowly at the fetches' deadline (TOTAL_S): both said as not answering."""
+    debug = (served.debug_dir / "served_hot.debug").read_bytes()
     monkeypatch.setattr(debuginfod, "MAX_BYTES", 1000)
-    url, _ = answering((served.debug_dir / "served_hot.debug").read_bytes())
-    monkeypatch.setenv("DEBUGINFOD_URLS", url)
-    assert debuginfod.debug_file(served.bid, "served_hot") is None
-    warnings, _ = debuginfod.said()
-    assert len(warnings) == 1 and "more than the 1.0 kB kvprof takes" in warnings[0], warnings
+    for pace in (0.0, 0.001):  # Content-Length says it, or the bytes read do
+        debuginfod.forget()
+        url, _ = answering(debug, pace=pace)
+        monkeypatch.setenv("DEBUGINFOD_URLS", url)
+        assert debuginfod.debug_file(served.bid, "served_hot") is None
+        warnings, _ = debuginfod.said()
+        assert len(warnings) == 1 and "more than the 1.0 kB kvprof takes" in warnings[0], warnings
+    monkeypatch.setattr(debuginfod, "MAX_BYTES", 1 << 20)
 
     debuginfod.forget()
     monkeypatch.setattr(debuginfod, "REQUEST_S", 0.5)
@@ -412,3 +423,17 @@ def test_limits_of_size_and_time(
         took = time.monotonic() - start
     warnings, _ = debuginfod.said()
     assert took < 5 and len(warnings) == 1 and "did not answer (timed out)" in warnings[0], (took, warnings)
+
+    debuginfod.forget()
+    monkeypatch.setattr(debuginfod, "TOTAL_S", 1.0)
+    url, _ = answering(debug, pace=0.2)  # 100 bytes every 0.2 s: each read in time, the whole never
+    monkeypatch.setenv("DEBUGINFOD_URLS", url)
+    start = time.monotonic()
+    assert debuginfod.debug_file(served.bid, "served_hot") is None
+    took = time.monotonic() - start
+    warnings, _ = debuginfod.said()
+    assert took < 3 and len(warnings) == 1 and "did not answer (not sent within 1 s)" in warnings[0], (
+        took,
+        warnings,
+    )
+    assert not list(client.glob("*.tmp")) and not (client / f"{served.bid}.debug").exists()

@@ -117,7 +117,8 @@ def _download(url: str, bid: str, dest: Path, deadline: float) -> int:
             raise _Refused(f"it is {_size(int(length))}, more than the {_size(MAX_BYTES)} kvprof takes")
         size = 0
         with dest.open("wb") as out:
-            while chunk := r.read(_CHUNK):
+            # read1: what one read of the socket gives, so a slow sender meets the deadline
+            while chunk := r.read1(_CHUNK):
                 size += len(chunk)
                 if size > MAX_BYTES:
                     raise _Refused(f"it is more than the {_size(MAX_BYTES)} kvprof takes")
