@@ -240,28 +240,24 @@ def _lacks_names(elf: ELFFile, found: tuple[str, str] | None) -> bool:
     return found is None and not any(elf.get_section_by_name(s) for s in (".symtab", ".gnu_debugdata"))
 
 
-def fetch_debug_files(pid: int, progress: debuginfod.Progress) -> None:
-    """Start fetching, in the background, what the debuginfod servers have for the
-    modules of the process that lack names (kvprof.collect.debuginfod.start)."""
-
-    def wanted() -> list[tuple[str, str]]:
-        out: dict[str, str] = {}
-        for m in read_maps(pid):
-            if not m.path.startswith("/") or "x" not in m.perms:
-                continue
-            path, image = m.path.removesuffix(" (deleted)"), mapped_file(pid, m.path, m.start, m.end, m.inode)
-            try:
-                with open(image, "rb") as f:
-                    elf, bid = _open_elf(f), build_id(image)
-                    if elf is None or not bid:
-                        continue
-                    if _lacks_names(elf, find_debug_file(elf, image, path, in_root(pid, ""), bid)):
-                        out[bid] = os.path.basename(path)
-            except (OSError, ELFError):
-                continue
-        return list(out.items())
-
-    debuginfod.start(wanted, progress)
+def lacking_names(pid: int) -> list[tuple[str, str]]:
+    """(build-id, name) of each module of the process whose names a debuginfod server's
+    debug file would give (kvprof.collect.debuginfod.start fetches them)."""
+    out: dict[str, str] = {}
+    for m in read_maps(pid):
+        if not m.path.startswith("/") or "x" not in m.perms:
+            continue
+        path, image = m.path.removesuffix(" (deleted)"), mapped_file(pid, m.path, m.start, m.end, m.inode)
+        try:
+            with open(image, "rb") as f:
+                elf, bid = _open_elf(f), build_id(image)
+                if elf is None or not bid:
+                    continue
+                if _lacks_names(elf, find_debug_file(elf, image, path, in_root(pid, ""), bid)):
+                    out[bid] = os.path.basename(path)
+        except (OSError, ELFError):
+            continue
+    return list(out.items())
 
 
 # ---- a module's symbols, cached ----------------------------------------------------------

@@ -32,10 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-
-from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
-
 URLS_DIR = "/etc/debuginfod"
 URLS_DIR_ENV = "KVPROF_DEBUGINFOD_DIR"  # another folder of *.urls files, read as it is (tests)
 # URLS_DIR's files count where the system's login script reads them, as a login shell would
@@ -45,7 +41,7 @@ TOTAL_S = 30.0  # every fetch of one kvprof process, from the first one's start
 MAX_BYTES = 512 << 20
 MISS_S = 600.0  # a build-id the servers do not have: asked again after this
 DOWN_S = 60.0  # ... one whose servers did not answer
-CACHE_DIR = UNWIND_CACHE.parent / "debuginfod"
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvprof" / "debuginfod"
 CACHE_BYTES = 2 << 30
 _CHUNK = 1 << 20
 _SHF_COMPRESSED = 0x800
@@ -131,6 +127,8 @@ def _download(url: str, bid: str, dest: Path, deadline: float) -> int:
 def check(path: Path, bid: str) -> str | None:
     """Why the file at `path` is not a debug file of build-id `bid` whose symbols
     can be read, or None when it is one."""
+    from elftools.elf.elffile import ELFFile  # pyelftools: a session imports this module without it
+
     try:
         with path.open("rb") as f:
             elf = ELFFile(f)
@@ -360,16 +358,20 @@ def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
     return file
 
 
-def start(wanted: Callable[[], list[tuple[str, str]]], progress: Progress) -> None:
-    """Fetch, in a thread of its own, the debug files of the modules `wanted()` lists
-    (build-id, name): a session's attach goes on meanwhile. `progress` hears what is
+def start(pid: int, progress: Progress) -> None:
+    """Fetch, in a thread of its own, the debug files of the modules of process `pid`
+    that lack names: a session's attach goes on meanwhile. `progress` hears what is
     asked, each file fetched, and at the end what was not. Nothing when no server is named."""
     urls, where = servers()
     if not urls:
         return
 
     def run() -> None:
-        modules = wanted()
+        try:  # pyelftools: without it no module is named, and the collectors say so
+            from kvprof.collect.debuginfo import lacking_names
+        except ImportError:
+            return
+        modules = lacking_names(pid)
         todo = [(bid, name) for bid, name in modules if _cached(bid) == (None, "", False)]
         if todo and progress is not None:
             names = ", ".join(name for _, name in todo)

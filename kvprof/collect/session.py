@@ -44,7 +44,6 @@ from kvprof.collect import (
     debuginfod,
     follow,
 )
-from kvprof.collect.debuginfo import fetch_debug_files
 from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
@@ -195,7 +194,7 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
-        fetch_debug_files(self.pid, self.opts.progress)  # in the background, from debuginfod servers
+        debuginfod.start(self.pid, self.opts.progress)  # in the background
         if target_is_go(self.pid):
             self.status.notes.append(GO_NOTE)
         order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
