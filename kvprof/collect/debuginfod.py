@@ -207,29 +207,26 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def _cached(bid: str) -> tuple[str | None, str, bool]:
-    """(the cached debug file of `bid` or None, why the servers had none when a miss is
-    remembered (else ""), whether they did not answer)."""
+def _cached(bid: str) -> tuple[str | None, tuple[str, bool, str] | None]:
+    """(the cached debug file of `bid` or None, the remembered miss or None): a miss
+    is (why, whether no server answered, when it was and until when it is kept)."""
     file = CACHE_DIR / f"{bid}.debug"
     if file.is_file():
         try:
             os.utime(file)
         except OSError:
             pass
-        return str(file), "", False
+        return str(file), None
     try:
         miss = json.loads((CACHE_DIR / f"{bid}.miss").read_text())
         at = (CACHE_DIR / f"{bid}.miss").stat().st_mtime
         until = at + (DOWN_S if miss["down"] else MISS_S)
         if at <= time.time() < until:
-            return (
-                None,
-                f"{miss['why']} (at {_clock(at)}; not asked again until {_clock(until)})",
-                bool(miss["down"]),
-            )
+            when = f" (at {_clock(at)}; not asked again until {_clock(until)})"
+            return None, (str(miss["why"]), bool(miss["down"]), when)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return None, "", False
+    return None, None
 
 
 def _remember_miss(bid: str, why: str, down: bool) -> None:
@@ -255,7 +252,14 @@ def _trim_cache() -> None:
         pass
 
 
-NO_FILE = "debuginfod: no debug file for "
+def _missing(name: str, why: str, down: bool, when: str = "") -> None:
+    """Say that no server gave module `name` its debug file: `why`, per server; `down`:
+    none answered, said first (a terminal shows a progress line's start); `when`: a
+    remembered miss's times."""
+    if down:
+        _say(f"debuginfod: {why}: no debug file for ", name, when, True)
+    else:
+        _say("debuginfod: no debug file for ", name, f": {why}{when}", False)
 
 
 def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | None:
@@ -322,7 +326,7 @@ def _fetch(bid: str, name: str, urls: list[str], progress: Progress) -> str | No
         return str(file)
     if missing:
         down = all("did not answer" in m for m in missing)
-        _say(NO_FILE, name, f": {'; '.join(missing)}", down)
+        _missing(name, "; ".join(missing), down)
         _remember_miss(bid, "; ".join(missing), down)
     return None
 
@@ -344,11 +348,11 @@ def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
         with _lock:
             return _state.files.get(bid)
     try:
-        file, remembered, down = _cached(bid)
+        file, remembered = _cached(bid)
         if file is not None:
             _say("debuginfod: names of ", name, f" from debug files kept in {CACHE_DIR}", False)
         elif remembered:
-            _say(NO_FILE, name, f": {remembered}", down)
+            _missing(name, *remembered)
         else:
             file = _fetch(bid, name, urls, progress)
         with _lock:
@@ -372,7 +376,7 @@ def start(pid: int, progress: Progress) -> None:
         except ImportError:
             return
         modules = lacking_names(pid)
-        todo = [(bid, name) for bid, name in modules if _cached(bid) == (None, "", False)]
+        todo = [(bid, name) for bid, name in modules if _cached(bid) == (None, None)]
         if todo and progress is not None:
             names = ", ".join(name for _, name in todo)
             progress(f"debuginfod: asking {' '.join(urls)} (from {where}) for the debug files of {names}")
@@ -380,7 +384,7 @@ def start(pid: int, progress: Progress) -> None:
             debug_file(bid, name, progress)
         if progress is not None:
             warnings, notes = said()
-            for line in warnings + [n for n in notes if n.startswith(NO_FILE)]:
+            for line in warnings + [n for n in notes if "no debug file for" in n]:
                 progress(line)
 
     threading.Thread(target=run, name="kvprof-debuginfod", daemon=True).start()
