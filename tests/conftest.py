@@ -46,6 +46,11 @@ from kvprof import REPO
 from kvprof.collect.pyspy import binary as pyspy_binary
 from kvprof.system.servers import Server, kvcached_binary, start_kvcached, start_memcached
 
+# No test asks a debuginfod server but those of tests/test_debuginfod.py, which name
+# their own: a machine whose /etc/debuginfod/*.urls names Debian's would otherwise fetch
+# debug files for every stripped program recorded, and names would depend on the network.
+os.environ["DEBUGINFOD_URLS"] = ""
+
 AGAINST = os.environ.get("KVPROF_TEST_AGAINST", "kvcached")
 if AGAINST not in ("kvcached", "memcached"):
     raise pytest.UsageError(f"KVPROF_TEST_AGAINST={AGAINST!r}: use kvcached (default) or memcached")

@@ -8,7 +8,9 @@ perf and gdb look for it:
    `/usr/lib/debug/<module's directory>`;
 3. `.gnu_debugdata`: MiniDebugInfo, an xz-compressed ELF inside the module
    that holds the `.symtab` of the functions `.dynsym` lacks (Fedora's way);
-4. the module's own `.symtab`, else `.dynsym`.
+4. a debuginfod server, by build-id, for a module without a full symbol table of
+   its own (kvprof.collect.debuginfod);
+5. the module's own `.symtab`, else `.dynsym`.
 
 Debug files are looked for under the target's root (a container's own
 /usr/lib/debug, through /proc/PID/root), then the host's for a build-id, which
@@ -42,6 +44,7 @@ from typing import IO
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from kvprof.collect import debuginfod
 from kvprof.collect.procroot import DEBUG_DIR, in_root, mapped_file
 from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
 from kvprof.collect.unwind import build_id, module_key
@@ -49,8 +52,8 @@ from kvprof.collect.unwind import build_id, module_key
 CACHE_DIR = UNWIND_CACHE.parent / "symbols"
 CACHE_BYTES = 64 << 20
 CACHE_FORMAT = 1  # raised when what a table holds or how names are chosen changes
-# where the names came from, best first; the first four carry a full symbol table
-SOURCES = ("build-id", "debuglink", "gnu_debugdata", "symtab", "dynsym", "none")
+# where the names came from, best first; the first five carry a full symbol table
+SOURCES = ("build-id", "debuglink", "gnu_debugdata", "debuginfod", "symtab", "dynsym", "none")
 _FUNC_TYPES = (2, 10)  # STT_FUNC, STT_GNU_IFUNC
 _OBJECT = 1
 _WEAK, _GLOBAL = 2, 1
@@ -231,6 +234,32 @@ def find_debug_file(
     return None
 
 
+def _lacks_names(elf: ELFFile, found: tuple[str, str] | None) -> bool:
+    """Whether a debuginfod server's debug file would name the module: it has no debug
+    file here (`found`) and no full symbol table of its own."""
+    return found is None and not any(elf.get_section_by_name(s) for s in (".symtab", ".gnu_debugdata"))
+
+
+def lacking_names(pid: int) -> list[tuple[str, str]]:
+    """(build-id, name) of each module of the process whose names a debuginfod server's
+    debug file would give (kvprof.collect.debuginfod.start fetches them)."""
+    out: dict[str, str] = {}
+    for m in read_maps(pid):
+        if not m.path.startswith("/") or "x" not in m.perms:
+            continue
+        path, image = m.path.removesuffix(" (deleted)"), mapped_file(pid, m.path, m.start, m.end, m.inode)
+        try:
+            with open(image, "rb") as f:
+                elf, bid = _open_elf(f), build_id(image)
+                if elf is None or not bid:
+                    continue
+                if _lacks_names(elf, find_debug_file(elf, image, path, in_root(pid, ""), bid)):
+                    out[bid] = os.path.basename(path)
+        except (OSError, ELFError):
+            continue
+    return list(out.items())
+
+
 # ---- a module's symbols, cached ----------------------------------------------------------
 
 
@@ -323,6 +352,9 @@ def _module_symbols(image: str, path: str, root: str) -> Symbols:
             found = find_debug_file(elf, image, path, root, bid)
             # one build stripped or not has one build-id: the key says what this file holds
             own = [s for s in (".symtab", ".gnu_debugdata", ".dynsym") if elf.get_section_by_name(s)]
+            if bid and _lacks_names(elf, found):
+                served = debuginfod.debug_file(bid, os.path.basename(path))
+                found = ("debuginfod", served) if served else None
             how = found[0] if found else "+".join(own) or "none"
             key = f"{bid or module_key(image)}-{how}"
             syms = _TABLES.get(key) or _load(key)
@@ -333,7 +365,8 @@ def _module_symbols(image: str, path: str, root: str) -> Symbols:
         return Symbols()
     _TABLES[key] = syms
     # the same build may lie elsewhere this time: say where its names come from now
-    shown = {"build-id": found and found[1], "debuglink": found and found[1], "gnu_debugdata": image}
+    shown = dict.fromkeys(("build-id", "debuglink", "debuginfod"), found and found[1])
+    shown["gnu_debugdata"] = image
     return replace(syms, debug_file=(shown.get(syms.source) or "").removeprefix(root))
 
 

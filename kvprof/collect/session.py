@@ -35,7 +35,15 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvprof.collect import ATTACH_NICE, EXEC_CHECK_S, CollectError, CollectOptions, collector_class, follow
+from kvprof.collect import (
+    ATTACH_NICE,
+    EXEC_CHECK_S,
+    CollectError,
+    CollectOptions,
+    collector_class,
+    debuginfod,
+    follow,
+)
 from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
@@ -186,6 +194,7 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
+        debuginfod.start(self.pid, self.opts.progress)  # in the background
         if target_is_go(self.pid):
             self.status.notes.append(GO_NOTE)
         order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
@@ -479,6 +488,9 @@ class Session:
         )
         for collector in stacks_last if probes_first else stacks_last[::-1]:
             collector.contribute(profile)
+        warnings, notes = debuginfod.said()  # what the names above were read from
+        profile.status.warnings += warnings
+        profile.status.notes += notes
         return profile
 
     def _target_events(self, profile: Profile, modules: list[Module]) -> None:

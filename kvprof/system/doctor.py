@@ -521,6 +521,13 @@ def check_debug_info(pid: int | None) -> list[Check]:
     return checks
 
 
+def check_debuginfod() -> Check:
+    """Which debuginfod servers kvprof asks for the debug files of modules without names."""
+    from kvprof.collect import debuginfod  # pyelftools, no BCC
+
+    return Check("debuginfod", INFO, debuginfod.describe())
+
+
 # ---- all of it ----------------------------------------------------------------------
 
 
@@ -541,6 +548,7 @@ def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = Tru
     checks.append(check_pmu())
     checks.extend(check_unwind_info(pid))
     checks.extend(check_debug_info(pid))
+    checks.append(check_debuginfod())
     return checks
 
 

@@ -1,5 +1,7 @@
 /* A hot function inlined into its caller, for tests/test_inline.py: built
- * there with -O2 -g, so the DWARF says where mix_keys was inlined.
+ * there with -O2 -g, so the DWARF says where mix_keys was inlined. Also the
+ * stripped program of tests/test_debuginfod.py, whose hash_round only the
+ * debug file a debuginfod server holds names.
  *
  *   inline_hot [SECONDS]      (default 30; exits early when stdin closes)
  *
