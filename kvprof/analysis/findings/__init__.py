@@ -20,11 +20,14 @@ recorded before the weights has `profile.status.sample_rates["atomic__sample"]`,
 and its samples and transfers are multiplied by it: kvprof.analysis.tables). A finding whose collector
 cost the target more than a tenth of what it reports is flagged
 (`probe_effect`). Each finding's `cost["gain_if_fixed"]` is the throughput
-fixing it would give back (kvprof.analysis.whatif).
+fixing it would give back (kvprof.analysis.whatif); a lock's or shared
+line's also carries the ceiling its resource puts on throughput and the
+thread count at which it binds (kvprof.analysis.ceilings).
 """
 
 from __future__ import annotations
 
+from kvprof.analysis import ceilings
 from kvprof.analysis.findings.common import THRESHOLDS, Context, Thresholds, rank_key
 from kvprof.analysis.findings.cpu import cpu_findings, fold_cpu
 from kvprof.analysis.findings.locks import lock_findings
@@ -49,5 +52,6 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
         *cpu_findings(c),
         *offcpu_findings(c),
     ]
-    ranked = sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key)
-    return annotate(profile, ranked)
+    ranked = annotate(profile, sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key))
+    ceilings.annotate(ranked, ceilings.ladder(profile, ranked, thresholds))
+    return ranked
