@@ -131,10 +131,14 @@ def line_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
     return out
 
 
-def ladder(p: Profile, findings: list[Finding], t: Thresholds = THRESHOLDS) -> list[Ceiling]:
+def ladder(
+    p: Profile, findings: list[Finding], t: Thresholds = THRESHOLDS, ops: float | None = None
+) -> list[Ceiling]:
     """Every serialized resource's ceiling, lowest first (the ladder), each tied
-    to its finding and with what the server reaches once it is fixed."""
-    ops = throughput(p)
+    to its finding and with what the server reaches once it is fixed. `ops`:
+    the throughput when the caller knows it better than the profile (a live view)."""
+    if ops is None:
+        ops = throughput(p)
     if ops <= 0:
         return []
     found = [

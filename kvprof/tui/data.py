@@ -21,7 +21,7 @@ import copy
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kvprof.analysis import rows
+from kvprof.analysis import ceilings, rows
 from kvprof.analysis.findings import find, summary
 from kvprof.analysis.hotspots import label, match_function, match_lock
 from kvprof.analysis.lines import kind, line_table
@@ -161,6 +161,7 @@ class Frame:
     findings: list[Finding]
     status: StatusInfo
     kvs_probes: bool = False
+    ceiling: str = ""  # the first rungs of the ceiling ladder, one line ("" when none)
     server: str = ""  # "memcached", "redis", "none" (answered neither), "" (not asked yet)
 
 
@@ -226,6 +227,8 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
             uptime = int(tl.last_stats["uptime"])
         except (KeyError, ValueError):
             uptime = None
+    findings = find(recent) if recent is not None else []
+    rungs = ceilings.ladder(recent, findings, ops=tl.ops_per_s) if recent is not None else []
     return Frame(
         title=title,
         command=command,
@@ -238,9 +241,10 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
         interval=interval,
         recent=recent,
         total=total,
-        findings=find(recent) if recent is not None else [],
+        findings=findings,
         status=status,
         kvs_probes=kvs,
+        ceiling=ceilings.ladder_line(rungs),
     )
 
 
