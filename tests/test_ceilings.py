@@ -113,7 +113,7 @@ def test_the_ladder_binds_lowest_first_and_each_fix_reaches_the_next_rung() -> N
     assert math.isinf(rungs[1].after_fix_ops_per_s)
     assert rungs[0].finding == "lock:topkeys" and rungs[1].finding == ""
     assert rungs[0].binds_at_threads > 0
-    ceilings.annotate(found, rungs)
+    ceilings.annotate(found, rungs, OPS)
     assert found[0].cost["ceiling_ops_per_s"] == pytest.approx(250_000)
     assert "topkeys mutex" in ceilings.ladder_line(rungs)
 

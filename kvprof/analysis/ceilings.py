@@ -32,8 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvprof.analysis.findings.common import THRESHOLDS, Thresholds
-from kvprof.analysis.tables import seconds
+from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
+from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
 from kvprof.analysis.whatif import budget
 from kvprof.model.profile import Finding, Profile
 
@@ -65,7 +65,7 @@ def throughput(p: Profile) -> float:
     done = _ops(after) - _ops(before) if before and after else -1
     if done > 0:
         return done / dur
-    sampled = sum(r.count for r in p.requests.values())
+    sampled = sum(r.count for r in p.requests.values()) * sample_rate(p, REQUEST_PROBE)
     return sampled / dur if sampled > 0 else 0.0
 
 
@@ -104,31 +104,39 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
 
 
 def line_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ceiling]:
-    """A ceiling for each kvs counter line written by two or more threads."""
+    """A ceiling for each kvs counter site whose line two or more threads write, from its
+    busiest line: writes per request times a transfer, a cross-socket one costing
+    `cross_socket_weight` times a same-socket one in the share of transfers that crossed."""
     dur = seconds(p)
-    by_site: dict[str, float] = {}
+    busiest: dict[str, tuple[float, float]] = {}  # site -> (busy ns per request, writes per request)
     for cl in p.cachelines:
-        writers = [tid for tid, th in cl.by_thread.items() if th.samples > 0]
-        if len(writers) < 2 or dur <= 0:
+        if sum(1 for th in cl.by_thread.values() if th.samples > 0) < 2 or dur <= 0:
             continue
-        by_site[cl.site] = max(by_site.get(cl.site, 0.0), cl.samples / dur)
-    out = []
-    for site, writes_per_s in by_site.items():
-        per_op = writes_per_s / ops * t.transfer_ns
-        if per_op <= 0:
-            continue
-        out.append(
-            Ceiling(
-                f"{site} shared line",
-                "line",
-                site,
-                per_op,
-                1e9 / per_op,
-                math.nan,
-                cross_socket_ops_per_s=1e9 / (per_op * t.cross_socket_weight),
-            )
+        per_op = cl.samples * sample_rate(p, LINE_PROBE) / dur / ops  # a profile from before the weights
+        crossed = cl.cross_socket_transfers / cl.transfers if cl.transfers else 0.0
+        busy = per_op * t.transfer_ns * (1 - crossed + crossed * t.cross_socket_weight)
+        if busy > busiest.get(cl.site, (0.0, 0.0))[0]:
+            busiest[cl.site] = (busy, per_op)
+    return [
+        Ceiling(
+            f"{site} shared line",
+            "line",
+            site,
+            busy,
+            1e9 / busy,
+            math.nan,
+            1e9 / (writes * t.transfer_ns * t.cross_socket_weight),
         )
-    return out
+        for site, (busy, writes) in busiest.items()
+        if busy > 0
+    ]
+
+
+def ranked(p: Profile, findings: list[Finding]) -> list[Finding]:
+    """`findings` with their ceilings, ranked by the one rule (kvprof.analysis.findings.common)."""
+    ops = throughput(p)
+    annotate(findings, ladder(p, findings, ops=ops), ops)
+    return rank(findings)
 
 
 def ladder(
@@ -160,14 +168,16 @@ def _belongs(c: Ceiling, f: Finding) -> bool:
     return f.category == "cacheline" and f.where == c.where
 
 
-def annotate(findings: list[Finding], rungs: list[Ceiling]) -> None:
-    """Each finding's cost gets its resource's ceiling and the thread count it binds at."""
+def annotate(findings: list[Finding], rungs: list[Ceiling], ops: float) -> None:
+    """Each finding's cost gets its resource's ceiling, the thread count it binds at and the
+    share of it today's throughput `ops` uses (kept when present: a stored finding's)."""
     by_id = {c.finding: c for c in rungs if c.finding}
     for f in findings:
         c = by_id.get(f.id)
-        if c is not None:
+        if c is not None and CEILING_SHARE_KEY not in f.cost:
             f.cost["ceiling_ops_per_s"] = round(c.ceiling_ops_per_s, 1)
             f.cost["binds_at_threads"] = round(c.binds_at_threads, 2)
+            f.cost[CEILING_SHARE_KEY] = ops / c.ceiling_ops_per_s
 
 
 def ladder_line(rungs: list[Ceiling], limit: int = 2) -> str:

@@ -47,9 +47,10 @@ from prometheus_client.core import (
 
 from kvprof.analysis import ceilings
 from kvprof.analysis.findings import find
+from kvprof.analysis.findings.common import GAIN_KEY
 from kvprof.analysis.lines import LINE, line_table
 from kvprof.analysis.tables import functions, locks, transfers_matrix
-from kvprof.analysis.whatif import GAIN_KEY, gain_if_all_fixed, modelled
+from kvprof.analysis.whatif import gain_if_all_fixed, modelled
 from kvprof.model.histogram import hist_sum_estimate
 from kvprof.model.profile import CacheLineStat, Profile
 from kvprof.model.topology import Topology

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from kvprof.analysis import ceilings
-from kvprof.analysis.findings import find, rank_key, summary
+from kvprof.analysis.findings import find, summary
 from kvprof.analysis.hotspots import label
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
@@ -54,9 +54,7 @@ def findings_of(profile: Profile) -> list[Finding]:
     """The profile's findings, computed now when the recording did not store any (and
     their gains, when it stored findings without them)."""
     if profile.findings:
-        found = annotate(profile, sorted(profile.findings, key=rank_key))
-        ceilings.annotate(found, ceilings.ladder(profile, found))
-        return found
+        return ceilings.ranked(profile, annotate(profile, list(profile.findings)))
     return find(profile)
 
 
@@ -364,7 +362,7 @@ def _findings_section(findings: list[Finding], many_sockets: bool, whatif: dict[
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("critical", "warning", "info")}
     out = _section(
         f"FINDINGS: {counts['critical']} critical, {counts['warning']} warning, "
-        f"{counts['info']} info (most costly first)"
+        f"{counts['info']} info (most worth fixing first)"
     )
     if not findings:
         out.append("No contention found: no hot catalog function, contended lock or bouncing")

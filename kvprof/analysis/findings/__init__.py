@@ -1,11 +1,13 @@
 """Findings: the hotspot catalog joined with a profile's measurements.
 
-`find(profile)` returns the findings ranked most costly first: by severity,
-then by the estimated cost `cost["est_s_per_s"]`, the thread-seconds a
-second of recording that the spot costs (CPU seconds on a hot function,
-seconds spent waiting on a lock or futex, or cache-line transfers times the
-time one transfer takes). The severity thresholds are in `Thresholds`; they
-are documented in docs/report.md.
+`find(profile)` returns the findings ranked by one rule (`common.rank`): a
+finding is worth the larger of what fixing it gives back now
+(`cost["gain_if_fixed"]`, kvprof.analysis.whatif) and a fixed weight times
+the share of its resource's ceiling today's throughput already uses
+(kvprof.analysis.ceilings); its severity and its place both follow from
+that worth, ties broken by the estimated cost `cost["est_s_per_s"]`. The
+thresholds in `Thresholds` say what each module reports at all and with
+which measurements; docs/report.md has the rule.
 
 One module per category, each a function from the window's `Context` to
 its findings: `locks` (kvs lock probes), `sites` (cache lines of the kvs
@@ -52,6 +54,4 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
         *cpu_findings(c),
         *offcpu_findings(c),
     ]
-    ranked = annotate(profile, sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key))
-    ceilings.annotate(ranked, ceilings.ladder(profile, ranked, thresholds))
-    return ranked
+    return ceilings.ranked(profile, annotate(profile, flag_probe_effect(profile, fold_cpu(c, findings))))
