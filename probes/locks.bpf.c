@@ -11,8 +11,9 @@
  *
  * Hold times come from kvs:lock__hold, a paced sample of every acquisition
  * (contended or not) fired after the release, each standing for `weight`
- * acquisitions: one entry per (lock name, lock address, thread) with the acquisitions and
- * the hold ns they stand for, and the samples behind them.
+ * acquisitions: one entry per (lock name, lock address, thread) with the
+ * acquisitions and the hold ns they stand for, the samples behind them and
+ * the shortest sampled hold.
  *
  * Flags: those of common.h.
  */
@@ -50,6 +51,7 @@ struct locks_hold_val {
     u64 acquisitions;
     u64 hold_ns;
     u64 samples;
+    u64 min_ns;
 };
 
 BPF_HASH(locks_waits, struct locks_key, struct locks_val, MAX_ENTRIES);
@@ -126,6 +128,7 @@ int locks_on_hold(struct pt_regs *ctx)
     k.lock = lock;
     k.tid = (u32)pid_tgid;
     struct locks_hold_val zero = {};
+    zero.min_ns = ~0ULL;
     struct locks_hold_val *v = locks_holds.lookup_or_try_init(&k, &zero);
     if (!v) {
         locks_count(LOCKS_MAP_FULL);
@@ -134,5 +137,7 @@ int locks_on_hold(struct pt_regs *ctx)
     __sync_fetch_and_add(&v->acquisitions, weight);
     __sync_fetch_and_add(&v->hold_ns, ns * weight);
     __sync_fetch_and_add(&v->samples, 1);
+    if (ns < v->min_ns)  /* one key is one thread: no race */
+        v->min_ns = ns;
     return 0;
 }

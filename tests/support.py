@@ -872,7 +872,8 @@ HOLD_NS = 800
 def _holds(name: str, address: int, acquisitions: dict[str, int]) -> LockHold:
     by = {tid: ThreadHolds(n, n * HOLD_NS) for tid, n in acquisitions.items()}
     total = sum(acquisitions.values())
-    return LockHold(name, address, total, total * HOLD_NS, 16 * int(DURATION) * len(by), by)
+    samples = 16 * int(DURATION) * len(by)
+    return LockHold(name, address, total, total * HOLD_NS, samples, min_ns=HOLD_NS, by_thread=by)
 
 
 def fixed_profile() -> Profile:

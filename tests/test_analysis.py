@@ -207,7 +207,9 @@ def _topkeys_hold(p: Profile, ceiling_share: float) -> LockHold:
     hold_ns = ceiling_share / ceilings.throughput(p) * 1e9  # busy ns per request
     half = acquisitions // 2
     by = {W0: ThreadHolds(half, int(half * hold_ns)), W1: ThreadHolds(half, int(half * hold_ns))}
-    return LockHold("topkeys", 0xA0, 2 * half, 2 * int(half * hold_ns), 100, by)
+    return LockHold(
+        "topkeys", 0xA0, 2 * half, 2 * int(half * hold_ns), 100, min_ns=int(hold_ns), by_thread=by
+    )
 
 
 @pytest.mark.parametrize(("share", "severity"), [(0.05, "info"), (0.2, "warning"), (0.6, "critical")])

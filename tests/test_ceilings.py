@@ -118,6 +118,29 @@ def test_the_ladder_binds_lowest_first_and_each_fix_reaches_the_next_rung() -> N
     assert "topkeys mutex" in ceilings.ladder_line(rungs)
 
 
+def test_the_what_if_removes_the_hold_beyond_the_critical_sections_own_work() -> None:
+    """One model of a critical section: a per-thread fix keeps the shortest hold (the work)
+    and removes the rest (lines moved in, hand-off), so the lock's gain grows with it."""
+    from support import W0, W1, baseline_profile
+
+    from kvprof.analysis import find
+    from kvprof.analysis.whatif import held_excess
+
+    p = baseline_profile()
+    lock = next(f for f in find(p) if f.id == "lock:topkeys")
+    assert not any(held_excess(p, lock).values())  # the fixture's holds are all the shortest one
+    h = p.holds[0]
+    for t in h.by_thread.values():
+        t.hold_ns = 3 * t.hold_ns  # three times the shortest hold: two thirds moved in
+    h.hold_ns = 3 * h.hold_ns
+    excess = held_excess(p, lock)
+    for tid in (W0, W1):
+        t = h.by_thread[tid]
+        assert excess[tid] == pytest.approx(2 * t.acquisitions * h.min_ns / 1e9 / p.window.duration_s)
+    longer = next(f for f in find(p) if f.id == "lock:topkeys")
+    assert longer.cost["gain_if_fixed"] > lock.cost["gain_if_fixed"]
+
+
 def test_no_throughput_no_ceiling() -> None:
     """A target whose counters say nothing (no stats, no sampled requests) gets no ladder."""
     p = _profile([SHARED])

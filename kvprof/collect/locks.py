@@ -60,6 +60,7 @@ class HoldMapEntry:
     acquisitions: int
     hold_ns: int
     samples: int
+    min_ns: int
 
 
 @dataclass
@@ -99,7 +100,9 @@ class LocksCollector(KvsCollector):
                 snap.frames[row.stack_id] = frames
             self._names.first_seen(row.tid)
         for k, v in map_items(self.table("holds")):
-            snap.holds.append(HoldMapEntry(cstr(k.name), k.lock, k.tid, v.acquisitions, v.hold_ns, v.samples))
+            snap.holds.append(
+                HoldMapEntry(cstr(k.name), k.lock, k.tid, v.acquisitions, v.hold_ns, v.samples, v.min_ns)
+            )
         for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n
@@ -173,6 +176,7 @@ def aggregate_holds(rows: list[HoldMapEntry]) -> list[LockHold]:
         h.acquisitions += r.acquisitions
         h.hold_ns += r.hold_ns
         h.samples += r.samples
+        h.min_ns = r.min_ns if h.min_ns == 0 else min(h.min_ns, r.min_ns)
         t = h.by_thread.setdefault(str(r.tid), ThreadHolds())
         t.acquisitions += r.acquisitions
         t.hold_ns += r.hold_ns

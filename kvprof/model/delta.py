@@ -168,6 +168,7 @@ def _holds(new: list[LockHold], old: list[LockHold]) -> list[LockHold]:
                 h.acquisitions - o.acquisitions,
                 h.hold_ns - o.hold_ns,
                 h.samples - o.samples,
+                h.min_ns,  # a minimum cannot subtract: the newer one is kept
                 by_thread,
             )
         )

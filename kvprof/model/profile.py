@@ -171,6 +171,7 @@ class LockHold:
     acquisitions: int = 0
     hold_ns: int = 0
     samples: int = 0  # lock__hold firings behind the estimates
+    min_ns: int = 0  # the shortest sampled hold: the critical section's own work, nothing moved
     by_thread: dict[str, ThreadHolds] = field(default_factory=dict)
 
 

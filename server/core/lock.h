@@ -103,10 +103,9 @@ static inline void kv_unlock(kv_lock_t *l)
         uint64_t released = now_ns();
         pthread_mutex_unlock(&l->mutex);
         kv_hold_report(released);
-        __asm__ volatile("" ::: "memory");
-        return;
+    } else {
+        pthread_mutex_unlock(&l->mutex);
     }
-    pthread_mutex_unlock(&l->mutex);
     if (unlikely(kv_lock_pending.lock == l)) {
         kv_lock_report();
         /* no tail call: the caller's frame must stay on the probe's stack */
