@@ -12,11 +12,13 @@
  * by default (about `kvcached --probe-rate R` firings a second, default 64,
  * whatever the load), or 1 request in N with `--probe-sample N`. Each
  * sampled probe carries its `weight`, the number of events it stands for.
- * Lock probes fire only on the contended path (the trylock failed), so an
- * uncontended lock costs nothing extra; lock__wait__done fires for every
+ * The lock__wait__* probes fire only on the contended path (the trylock
+ * failed), so an uncontended lock costs nothing extra; lock__wait__done fires for every
  * contended wait of 1,048,576 ns or more and for a sample of the shorter
  * ones (paced, or 1 in N with `--lock-sample N`), after the lock was
- * released.
+ * released. lock__hold is paced over every acquisition, contended or not
+ * (detached, it costs an uncontended lock one predictable branch), and
+ * fires after the release too.
  *
  * The tables below are defined in kvcached's sources and copied here for a
  * reader of the probes; tests/test_contracts.py checks each copy against
@@ -105,6 +107,20 @@ provider kvs {
      *                 a long wait, the sampler's 1 in N for a short one
      */
     probe lock__wait__done(void *lock, char *name, uint64_t wait_ns, int weight);
+
+    /**
+     * fired for a sample of all acquisitions of each named lock, contended
+     * or not (paced per thread and lock name, or 1 in N with
+     * `--probe-sample N`), when the thread has released it: how long it was
+     * held. A lock every request takes caps throughput at about
+     * 1 / (hold time x acquisitions per request) before anyone waits for it.
+     * @param lock     the lock's address
+     * @param name     the lock's stable name
+     * @param hold_ns  from the acquisition to the start of the release
+     * @param weight   how many acquisitions of this lock by this thread it
+     *                 stands for
+     */
+    probe lock__hold(void *lock, char *name, uint64_t hold_ns, int weight);
 
     /**
      * fired for a sample of the updates of each counter site, shared or

@@ -9,6 +9,12 @@
  * estimates of every wait. One entry per (lock name, lock address, thread,
  * call-site stack); one log2 histogram of wait ns per lock name.
  *
+ * Hold times come from kvs:lock__hold, a paced sample of every acquisition
+ * (contended or not) fired after the release, each standing for `weight`
+ * acquisitions: one entry per (lock name, lock address, thread) with the
+ * acquisitions and the hold ns they stand for, the samples behind them and
+ * the shortest sampled hold.
+ *
  * Flags: those of common.h.
  */
 #include "common.h"
@@ -35,7 +41,21 @@ struct locks_hist_key {
 
 enum locks_counter { LOCKS_EVENTS, LOCKS_MAP_FULL, LOCKS_STACK_ERRORS, LOCKS_COUNTERS };
 
+struct locks_hold_key {
+    char name[LOCKS_NAME_LEN];
+    u64 lock;
+    u32 tid;
+};
+
+struct locks_hold_val {
+    u64 acquisitions;
+    u64 hold_ns;
+    u64 samples;
+    u64 min_ns;
+};
+
 BPF_HASH(locks_waits, struct locks_key, struct locks_val, MAX_ENTRIES);
+BPF_HASH(locks_holds, struct locks_hold_key, struct locks_hold_val, 4096);
 BPF_HASH(locks_hist, struct locks_hist_key, u64, 4096);
 BPF_STACK_TRACE(locks_stacks, STACK_STORAGE);
 BPF_PERCPU_ARRAY(locks_counters, u64, LOCKS_COUNTERS);  // per CPU: no line of ours bounces
@@ -86,5 +106,38 @@ int locks_on_wait_done(struct pt_regs *ctx)
     u64 one = 0;
     if (!kv_add(locks_hist.lookup_or_try_init(&hk, &one), weight))
         locks_count(LOCKS_MAP_FULL);
+    return 0;
+}
+
+int locks_on_hold(struct pt_regs *ctx)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if (!kv_is_target(pid_tgid))
+        return 0;
+    u64 lock = 0, name = 0, ns = 0;
+    int sampled = 1;
+    bpf_usdt_readarg(1, ctx, &lock);
+    bpf_usdt_readarg(2, ctx, &name);
+    bpf_usdt_readarg(3, ctx, &ns);
+    bpf_usdt_readarg(4, ctx, &sampled);
+    u64 weight = sampled > 0 ? sampled : 1;
+    locks_count(LOCKS_EVENTS);
+
+    struct locks_hold_key k = {};
+    bpf_probe_read_user_str(k.name, sizeof(k.name), (void *)name);
+    k.lock = lock;
+    k.tid = (u32)pid_tgid;
+    struct locks_hold_val zero = {};
+    zero.min_ns = ~0ULL;
+    struct locks_hold_val *v = locks_holds.lookup_or_try_init(&k, &zero);
+    if (!v) {
+        locks_count(LOCKS_MAP_FULL);
+        return 0;
+    }
+    __sync_fetch_and_add(&v->acquisitions, weight);
+    __sync_fetch_and_add(&v->hold_ns, ns * weight);
+    __sync_fetch_and_add(&v->samples, 1);
+    if (ns < v->min_ns)  /* one key is one thread: no race */
+        v->min_ns = ns;
     return 0;
 }

@@ -50,6 +50,8 @@ static void usage(FILE *out)
             "  --probe-sample N      per-request probes for 1 request in N instead (0: paced)\n"
             "  --lock-sample N       lock__wait__done for 1 short contended wait in N\n"
             "                        instead (0: paced)\n"
+            "  --topkeys-hold-ns N   busy-wait N ns inside update_topkeys' critical section\n"
+            "                        (a slower critical section, as across sockets; default 0)\n"
             "  --cpu-affinity LIST   pin worker i to the i-th CPU of LIST, round-robin\n"
             "                        (e.g. 0,1 or 0-3,8-11; default: not pinned)\n"
             "  -V, --version         print the version\n"
@@ -87,7 +89,7 @@ static enum site_mode parse_mode(const char *s, const char *flag)
     return MODE_SHARED;
 }
 
-enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_RATE, OPT_CPUS, OPT_KEYCMP };
+enum { OPT_PRESET = 256, OPT_TIMINGS, OPT_TOPKEYS, OPT_ITEMS, OPT_MEMORY, OPT_SAMPLE, OPT_LOCK_SAMPLE, OPT_RATE, OPT_CPUS, OPT_KEYCMP, OPT_HOLD };
 
 static void parse_cpus(const char *list)
 {
@@ -112,6 +114,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         {"probe-rate", required_argument, NULL, OPT_RATE},
         {"cpu-affinity", required_argument, NULL, OPT_CPUS},
         {"key-compare", required_argument, NULL, OPT_KEYCMP},
+        {"topkeys-hold-ns", required_argument, NULL, OPT_HOLD},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -160,6 +163,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
         case OPT_LOCK_SAMPLE: settings.lock_sample = (int)parse_long(optarg, "--lock-sample", 0, 1 << 30); break;
         case OPT_RATE: settings.probe_rate = (int)parse_long(optarg, "--probe-rate", 1, 1000000); break;
         case OPT_CPUS: parse_cpus(optarg); break;
+        case OPT_HOLD: settings.topkeys_hold_ns = parse_long(optarg, "--topkeys-hold-ns", 0, 1000000000); break;
         case OPT_KEYCMP:
             if (strcmp(optarg, "inline") == 0)
                 *key_compare = KEY_COMPARE_INLINE;
@@ -179,6 +183,7 @@ static void parse_args(int argc, char **argv, enum site_mode modes[SITES_MAX], e
     kv_probe_sample = settings.probe_sample;
     kv_lock_sample = settings.lock_sample;
     kv_probe_rate = settings.probe_rate;
+    kv_topkeys_hold_ns = settings.topkeys_hold_ns;
 }
 
 int main(int argc, char **argv)

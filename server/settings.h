@@ -17,6 +17,7 @@ struct settings {
     int probe_sample; /* 0: paced, at probe_rate */
     int lock_sample;  /* 0: paced, at probe_rate */
     int probe_rate;
+    long topkeys_hold_ns; /* kv_topkeys_hold_ns (stats/sites.h) */
     const char *cpu_affinity; /* as given, "" when the workers are not pinned */
     int ncpus;                /* worker i runs on cpus[i % ncpus] when ncpus > 0 */
     int cpus[1024];

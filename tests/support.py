@@ -37,6 +37,7 @@ from kvprof.model.profile import (
     FutexWait,
     Host,
     LineThread,
+    LockHold,
     LockStack,
     LockStat,
     OffCpu,
@@ -45,6 +46,7 @@ from kvprof.model.profile import (
     RequestStat,
     Status,
     Target,
+    ThreadHolds,
     ThreadInfo,
     ThreadWaits,
     Window,
@@ -857,7 +859,21 @@ def baseline_profile() -> Profile:
         _line("on_delete_item", 0x55D0_0002_0000, 55_000, 22_000, 250.0, both),
         _line("account_memory", 0x55D0_0003_0000, 110_000, 44_000, 270.0, both),
     ]
-    return _profile([topkeys, item_lock], lines, topkeys_cpu=30)
+    p = _profile([topkeys, item_lock], lines, topkeys_cpu=30)
+    # kvcached's lock__hold: the shared topkeys mutex taken by both workers once per request,
+    # HOLD_NS each time (the requests' rate of docs/demo.md, sampled 1 in RATE as above)
+    p.holds = [_holds("topkeys", TOPKEYS_LOCK, {W0: 27_000 * RATE, W1: 27_700 * RATE})]
+    return p
+
+
+HOLD_NS = 800
+
+
+def _holds(name: str, address: int, acquisitions: dict[str, int]) -> LockHold:
+    by = {tid: ThreadHolds(n, n * HOLD_NS) for tid, n in acquisitions.items()}
+    total = sum(acquisitions.values())
+    samples = 16 * int(DURATION) * len(by)
+    return LockHold(name, address, total, total * HOLD_NS, samples, min_ns=HOLD_NS, by_thread=by)
 
 
 def fixed_profile() -> Profile:
@@ -867,4 +883,8 @@ def fixed_profile() -> Profile:
         for j, tid in enumerate((W0, W1)):
             # per-thread slots: a transfer only when the owner moved to the other CPU
             lines.append(_line(site, 0x55D0_0010_0000 + i * 0x1000 + j * 64, 30_000, 300, 38.0, [tid]))
-    return _profile([], lines, topkeys_cpu=14)
+    p = _profile([], lines, topkeys_cpu=14)
+    # one topkeys table and lock per worker: two addresses, one holder each
+    p.holds = [_holds("topkeys_thread", 0x55D0_0020_0000 + i * 0x1000, {tid: 27_350 * RATE})
+               for i, tid in enumerate((W0, W1))]  # fmt: skip
+    return p

@@ -12,17 +12,20 @@ from __future__ import annotations
 import pytest
 from support import DURATION, RATE, W0, W1, baseline_profile, fixed_profile
 
-from kvprof.analysis import CATALOG, Thresholds, find, match_function, match_lock, match_site
+from kvprof.analysis import CATALOG, ceilings, find, match_function, match_lock, match_site
 from kvprof.analysis.findings import rank_key, summary
+from kvprof.analysis.findings.common import WORTH_CRITICAL, WORTH_WARNING, severity_of, worth
 from kvprof.analysis.hotspots import call_site
 from kvprof.model.profile import (
     CpuStack,
     FutexWait,
+    LockHold,
     OffCpu,
     OffCpuStack,
     Profile,
     RequestStat,
     Target,
+    ThreadHolds,
     ThreadInfo,
     Window,
 )
@@ -132,7 +135,7 @@ def test_baseline_names_the_four_sites_with_per_thread_numbers() -> None:
     """Baseline: topkeys waits and the counter sites are found, each with both workers' numbers."""
     findings = find(baseline_profile())
     lock = _by_id(findings, "lock:topkeys")
-    assert lock.severity in ("critical", "warning")
+    assert lock.cost["gain_if_fixed"] > 0
     assert lock.sites[0] == "update_topkeys" and lock.hotspot == "topkeys"
     assert "update_topkeys" in lock.title
     assert set(lock.per_thread) == {W0, W1}
@@ -142,7 +145,7 @@ def test_baseline_names_the_four_sites_with_per_thread_numbers() -> None:
     assert lock.cost["wait_share"] == pytest.approx(0.172 / DURATION / 2)
     for site in ("collect_timings", "on_create_item", "on_delete_item", "account_memory"):
         f = _by_id(findings, f"cacheline:{site}")
-        assert f.severity in ("critical", "warning"), (site, f.severity, f.cost)
+        assert f.severity == severity_of(worth(f), WORTH_CRITICAL, WORTH_WARNING), (site, f.cost)
         assert set(f.per_thread) == {W0, W1}
         assert all(row["transfers_per_s"] > 0 for row in f.per_thread.values())
         assert f.cost["sample_rate"] == RATE
@@ -175,30 +178,49 @@ def test_fixed_has_nothing_critical() -> None:
             assert after[0].cost["transfers_per_s"] * 10 <= b
 
 
-def test_findings_are_ranked_by_severity_then_cost() -> None:
-    """Critical before warning before info; within one severity the costlier first."""
-    findings = find(baseline_profile())
+def test_findings_are_ranked_by_one_rule() -> None:
+    """One rule orders and grades: most worth first (the larger of the gain now and a fifth of
+    the ceiling's share in use), severity falling with it; no finding ranks below one that its
+    own numbers say is worth less (both its gain and its ceiling share lower)."""
+    p = baseline_profile()
+    p.holds = [_topkeys_hold(p, ceiling_share=0.3)]
+    findings = find(p)
     assert findings == sorted(findings, key=rank_key)
+    worths = [worth(f) for f in findings]
+    assert worths == sorted(worths, reverse=True)
     ranks = [{"critical": 0, "warning": 1, "info": 2}[f.severity] for f in findings]
     assert ranks == sorted(ranks)
-    crit = [f for f in findings if f.severity == "critical"]
-    costs = [f.cost["est_s_per_s"] for f in crit]
-    assert costs == sorted(costs, reverse=True)
-    # account_memory is updated twice as often as the other sites: the costliest line
-    assert findings[0].id == "cacheline:account_memory"
+    for i, a in enumerate(findings):
+        for b in findings[i + 1 :]:
+            gains = (a.cost.get("gain_if_fixed", 0), b.cost.get("gain_if_fixed", 0))
+            shares = (a.cost.get("ceiling_share", 0), b.cost.get("ceiling_share", 0))
+            assert not (gains[1] > gains[0] and shares[1] > shares[0]), (a.id, b.id)
+    # the topkeys mutex, a small gain now but 30 % of its ceiling in use, leads as a warning
+    assert findings[0].id == "lock:topkeys" and findings[0].severity == "warning"
+    assert findings[0].cost["ceiling_share"] == pytest.approx(0.3)
 
 
-def test_thresholds_move_severity() -> None:
-    """Raising the lock and CPU thresholds turns the topkeys finding from warning into info."""
-    lax = Thresholds(
-        lock_warning_share=0.5,
-        lock_warning_ms_per_s=1000,
-        lock_critical_share=0.9,
-        lock_critical_ms_per_s=5000,
-        hotspot_cpu_warning=0.5,
-        hotspot_cpu_critical=0.9,
+def _topkeys_hold(p: Profile, ceiling_share: float) -> LockHold:
+    """The topkeys mutex held by both workers once per request, long enough that today's
+    throughput is `ceiling_share` of its ceiling."""
+    acquisitions = int(ceilings.throughput(p) * DURATION)
+    hold_ns = ceiling_share / ceilings.throughput(p) * 1e9  # busy ns per request
+    half = acquisitions // 2
+    by = {W0: ThreadHolds(half, int(half * hold_ns)), W1: ThreadHolds(half, int(half * hold_ns))}
+    return LockHold(
+        "topkeys", 0xA0, 2 * half, 2 * int(half * hold_ns), 100, min_ns=int(hold_ns), by_thread=by
     )
-    assert _by_id(find(baseline_profile(), lax), "lock:topkeys").severity == "info"
+
+
+@pytest.mark.parametrize(("share", "severity"), [(0.05, "info"), (0.2, "warning"), (0.6, "critical")])
+def test_the_ceiling_moves_severity(share: float, severity: str) -> None:
+    """The same small gain now is info, warning or critical as the topkeys mutex's ceiling comes
+    closer: within 10x of today's throughput a warning, within 2x critical."""
+    p = baseline_profile()
+    p.holds = [_topkeys_hold(p, share)]
+    lock = _by_id(find(p), "lock:topkeys")
+    assert lock.cost["gain_if_fixed"] < WORTH_WARNING
+    assert lock.severity == severity, lock.cost
 
 
 def test_sample_rate_defaults_to_one() -> None:
@@ -220,7 +242,8 @@ def test_cpu_findings_for_catalog_and_hot_functions() -> None:
     assert lock.cost["cpu_share"] == pytest.approx(60 / total)
     assert not [f for f in findings if f.id == "cpu:update_topkeys"]
     spin = _by_id(findings, "cpu:spin_forever")
-    assert spin.severity == "warning" and spin.hotspot == ""
+    # a hot function is a lead, not a fix: no gain, so info whatever its share
+    assert spin.severity == "info" and spin.hotspot == ""
     assert spin.per_thread[W0]["samples"] == 2000
     assert "spin_forever" in summary(spin)
     kernel = _by_id(findings, "cpu:tcp_sendmsg_locked")
@@ -264,7 +287,8 @@ def test_generic_futex_and_offcpu_findings() -> None:
     assert fx.cost["wait_ms_per_s"] == pytest.approx(300.0)
     assert fx.severity == "warning"
     off = _by_id(findings, "offcpu:read")
-    assert off.severity == "warning" and set(off.per_thread) == {"11"}
+    # blocking is work, not contention: no gain, so info
+    assert off.severity == "info" and set(off.per_thread) == {"11"}
     assert not [f for f in findings if "epoll_wait" in f.id]
 
 

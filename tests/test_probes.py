@@ -39,7 +39,7 @@ CACHELINE = 64
 # docs/design.md's probe table.
 DESIGN_PROBES = [
     "conn__open", "conn__close", "cmd__start", "cmd__done", "item__create", "item__delete",
-    "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
+    "lock__wait__start", "lock__wait__done", "lock__hold", "atomic__sample", "stats__collect",
 ]  # fmt: skip
 
 
@@ -708,6 +708,67 @@ def test_lock_wait_done_is_sampled(kvcached_factory: Callable[..., Server]) -> N
     assert 0 < v.dones < delta, (v.dones, delta)
     # every event weighs 1 or 16, and some weigh 16
     assert v.weight > v.dones and (v.weight - v.dones) % 15 == 0, (v.dones, v.weight)
+
+
+# ---- lock__hold ---------------------------------------------------------------
+
+HOLD_BPF = r"""
+#include <uapi/linux/ptrace.h>
+struct hkey { char name[16]; u64 lock; };
+struct hval { u64 fired; u64 weight; u64 hold_ns; u64 min_ns; u64 unlocked; };
+BPF_HASH(holds, struct hkey, struct hval, 4096);
+int on_hold(struct pt_regs *ctx) {
+    struct hkey k = {};
+    u64 name = 0, ns = 0;
+    int weight = 0;
+    bpf_usdt_readarg(1, ctx, &k.lock);
+    bpf_usdt_readarg(2, ctx, &name);
+    bpf_usdt_readarg(3, ctx, &ns);
+    bpf_usdt_readarg(4, ctx, &weight);
+    bpf_probe_read_user_str(k.name, sizeof(k.name), (void *)name);
+    struct hval zero = {};
+    zero.min_ns = ~0ULL;
+    struct hval *v = holds.lookup_or_try_init(&k, &zero);
+    if (!v)
+        return 0;
+    int word = -1;
+    bpf_probe_read_user(&word, sizeof(word), (void *)k.lock);
+    if (word == 0)
+        __sync_fetch_and_add(&v->unlocked, 1);
+    __sync_fetch_and_add(&v->fired, 1);
+    __sync_fetch_and_add(&v->weight, weight);
+    __sync_fetch_and_add(&v->hold_ns, ns);
+    if (ns < v->min_ns)
+        v->min_ns = ns;
+    return 0;
+}
+"""
+HOLD_NS = 20_000  # --topkeys-hold-ns: every topkeys hold is at least this long
+
+
+@pytest.mark.bpf
+def test_lock_hold_fires_for_every_acquisition(kvcached_factory: Callable[..., Server]) -> None:
+    """With --probe-sample 1, lock__hold fires once per acquisition of each named lock, contended
+    or not (one worker: never contended), after the release, weight 1; the shared topkeys mutex
+    is one lock, and every hold of it lasts at least --topkeys-hold-ns."""
+    server = kvcached_factory("-t", "1", "--probe-sample", "1", "--topkeys-hold-ns", str(HOLD_NS))
+    assert server.stats("settings")["topkeys_hold_ns"] == str(HOLD_NS)
+    ks = load.keys("hd-", 50)
+    assert load.run(server.host, server.port, [load.set_batches(ks, "h" * 16, 25)]).stored == len(ks)
+    before = int(server.stats("topkeys")["topkeys_total"])  # `stats topkeys` takes the lock too: not inside
+    with attached(server, HOLD_BPF, {"lock__hold": "on_hold"}) as att:
+        totals = load.run(server.host, server.port, [load.multiget_batches(ks, 10, 5, 20)])
+        assert totals.complete and totals.hits == totals.get_keys, totals
+        table = {(cstr(k.name), k.lock): v for k, v in att.table("holds").items()}
+    topkeys = {lock: v for (name, lock), v in table.items() if name == "topkeys"}
+    assert len(topkeys) == 1, f"the shared topkeys mutex is one lock: {topkeys.keys()}"
+    v = next(iter(topkeys.values()))
+    counted = int(server.stats("topkeys")["topkeys_total"]) - before
+    assert v.fired == counted == totals.get_keys, (v.fired, counted, totals.get_keys)
+    assert v.weight == v.fired, "sampled 1 in 1: every firing weighs 1"
+    assert v.min_ns >= HOLD_NS, f"a topkeys hold of {v.min_ns} ns, under --topkeys-hold-ns {HOLD_NS}"
+    assert v.unlocked == v.fired, "lock__hold fired while the lock was held"
+    assert {name for name, _ in table} <= set(LOCK_NAMES)
 
 
 # ---- atomic__sample ---------------------------------------------------------

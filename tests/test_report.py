@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -48,12 +49,14 @@ def test_text_lists_findings_first_and_fits_80_columns() -> None:
     ]
     assert order == sorted(order)
     findings = text[text.index("FINDINGS") : text.index("TOP FUNCTIONS")]
-    assert findings.index("CRITICAL") < findings.index("WARNING") < findings.index("INFO")
+    marks = list(re.findall(r"\b(CRITICAL|WARNING|INFO)\b", findings))
+    order = {"CRITICAL": 0, "WARNING": 1, "INFO": 2}
+    assert marks and [order[m] for m in marks] == sorted(order[m] for m in marks), marks
     for name in ("update_topkeys", "on_create_item", "collect_timings", "account_memory"):
         assert name in findings
     assert "kv-worker-0 (4101)" in findings and "kv-worker-1 (4102)" in findings
     assert "Why: " in findings and "What to do: " in findings
-    assert "1 update in 64" in findings
+    assert "info findings are shown short" in findings  # the counters: their explanation in --json
 
 
 def test_text_header_says_what_did_not_apply() -> None:
@@ -168,7 +171,9 @@ def test_command_text_and_json(baseline_file: Path) -> None:
     r = kvprof("report", str(baseline_file), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["findings"][0]["severity"] == "critical"
+    # the topkeys mutex: a small gain now, but today's throughput uses over half its ceiling
+    assert data["findings"][0]["id"] == "lock:topkeys" and data["findings"][0]["severity"] == "critical"
+    assert data["ceilings"][0]["finding"] == "lock:topkeys"
 
 
 def test_command_missing_file(tmp_path: Path) -> None:

@@ -63,17 +63,20 @@ def test_ops_per_second_from_the_targets_stats() -> None:
 
 
 def test_findings_name_the_study_spots_with_a_cost_line() -> None:
-    """The recorded baseline ranks topkeys and the shared counters, each with its function first."""
+    """The recorded baseline names topkeys and the shared counters, each with its function
+    first, a study spot (starred) first, and each shared line's ceiling on its row."""
     tl = Timeline()
     tl.add(Sample(5.0, fixture()))
     frame = build_frame(tl, "kvcached PID 1", "kvcached", "replay")
     rows = data.finding_rows(frame)
     lines = [r.cost for r in rows]
-    assert lines[0].startswith("update_topkeys — topkeys mutex: "), lines
-    assert "wall time waiting" in lines[0]
+    assert rows[0].hotspot, lines
+    topkeys = [c for c in lines if c.startswith("update_topkeys — topkeys mutex: ")]
+    assert topkeys and "wall time waiting" in topkeys[0], lines
     for site in ("on_create_item", "collect_timings", "account_memory"):
-        assert any(c.startswith(f"{site} — shared counter") for c in lines), lines
-    assert all(r.hotspot for r in rows if r.severity == "warning")
+        shared = [c for c in lines if c.startswith(f"{site} — shared counter")]
+        assert shared and "; ceiling " in shared[0], lines
+    assert frame.ceiling.startswith("ceiling "), frame.ceiling
 
 
 def test_rows_of_every_view() -> None:

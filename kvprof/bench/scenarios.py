@@ -37,7 +37,8 @@ LOADGEN = "loadgen"
 ATOMICS = "atomics"
 KEYCMP = "keycmp"
 WHATIF = "whatif"  # kvprof.bench.whatif
-SCENARIOS = (STUDY, LOADGEN, ATOMICS, KEYCMP, WHATIF)  # MEMCACHED: --against memcached
+CEILING = "ceiling"  # kvprof.bench.ceiling
+SCENARIOS = (STUDY, LOADGEN, ATOMICS, KEYCMP, WHATIF, CEILING)  # MEMCACHED: --against memcached
 
 STUDY_SERVERS = ("baseline", "baseline+topkeys", "fixed")
 MEMCACHED_SERVERS = ("memcached", "fixed")  # memcached first: the ratio is kvcached / memcached

@@ -1,5 +1,6 @@
 """The `locks` collector: contended lock waits from kvcached's
-`kvs:lock__wait__done` probe (probes/locks.bpf.c).
+`kvs:lock__wait__done` probe, and how long each named lock is held, contended
+or not, from its sampled `kvs:lock__hold` (probes/locks.bpf.c).
 
 The probe fires for every long contended wait and 1 short one in the
 server's `--lock-sample` (random gaps, per thread), after the lock was
@@ -23,7 +24,15 @@ from kvprof.collect import HIST_SLOTS, CollectOptions
 from kvprof.collect.bpf import KvsCollector, ThreadNames, cstr, map_items, percpu_counters
 from kvprof.collect.symbols import Symbolizer
 from kvprof.collect.unwind import Unwinder
-from kvprof.model.profile import LockStack, LockStat, Profile, ThreadInfo, ThreadWaits
+from kvprof.model.profile import (
+    LockHold,
+    LockStack,
+    LockStat,
+    Profile,
+    ThreadHolds,
+    ThreadInfo,
+    ThreadWaits,
+)
 
 COUNTERS = ("events", "map_full", "stack_errors")  # the order of enum locks_counter
 
@@ -42,8 +51,22 @@ class LockMapEntry:
 
 
 @dataclass
+class HoldMapEntry:
+    """One BPF map entry: the sampled holds of one lock by one thread."""
+
+    name: str
+    lock: int
+    tid: int
+    acquisitions: int
+    hold_ns: int
+    samples: int
+    min_ns: int
+
+
+@dataclass
 class _Snapshot:
     rows: list[LockMapEntry] = field(default_factory=list)
+    holds: list[HoldMapEntry] = field(default_factory=list)
     hist: dict[str, list[int]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     frames: dict[int, list[str]] = field(default_factory=dict)  # stack id -> frames
@@ -52,7 +75,10 @@ class _Snapshot:
 class LocksCollector(KvsCollector):
     name = "locks"
     empty = _Snapshot
-    probes: ClassVar[dict[str, str]] = {"lock__wait__done": "locks_on_wait_done"}
+    probes: ClassVar[dict[str, str]] = {
+        "lock__wait__done": "locks_on_wait_done",
+        "lock__hold": "locks_on_hold",
+    }
     instead = "lock waits come from the futex collector"
 
     def __init__(self, pid: int, opts: CollectOptions) -> None:
@@ -73,6 +99,10 @@ class LocksCollector(KvsCollector):
                     frames = self._frames[row.stack_id] = self._symbols.stack(stacks, row.stack_id)
                 snap.frames[row.stack_id] = frames
             self._names.first_seen(row.tid)
+        for k, v in map_items(self.table("holds")):
+            snap.holds.append(
+                HoldMapEntry(cstr(k.name), k.lock, k.tid, v.acquisitions, v.hold_ns, v.samples, v.min_ns)
+            )
         for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
             h[min(k.slot, HIST_SLOTS - 1)] += n
@@ -84,6 +114,7 @@ class LocksCollector(KvsCollector):
         stats = aggregate(snap.rows, snap.hist, snap.frames)
         ours = {s.name for s in stats}
         profile.locks[:] = [lk for lk in profile.locks if lk.name not in ours] + stats
+        profile.holds[:] = aggregate_holds(snap.holds)
         per_tid: dict[int, int] = {}
         for r in snap.rows:
             per_tid[r.tid] = per_tid.get(r.tid, 0) + r.wait_ns
@@ -135,3 +166,18 @@ def aggregate(
         st.address = max((a for n, a in per_addr if n == st.name), key=lambda a: per_addr[(st.name, a)])
         st.stacks.sort(key=lambda s: -s.wait_ns)
     return sorted(by_name.values(), key=lambda s: -s.wait_ns)
+
+
+def aggregate_holds(rows: list[HoldMapEntry]) -> list[LockHold]:
+    """One LockHold per lock, longest held in all first."""
+    by_lock: dict[tuple[str, int], LockHold] = {}
+    for r in rows:
+        h = by_lock.setdefault((r.name, r.lock), LockHold(name=r.name, address=r.lock))
+        h.acquisitions += r.acquisitions
+        h.hold_ns += r.hold_ns
+        h.samples += r.samples
+        h.min_ns = r.min_ns if h.min_ns == 0 else min(h.min_ns, r.min_ns)
+        t = h.by_thread.setdefault(str(r.tid), ThreadHolds())
+        t.acquisitions += r.acquisitions
+        t.hold_ns += r.hold_ns
+    return sorted(by_lock.values(), key=lambda h: -h.hold_ns)

@@ -12,7 +12,7 @@ from kvprof.commands import options as options_of
 
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
-SCENARIOS = ("study", "loadgen", "atomics", "keycmp", "whatif")
+SCENARIOS = ("study", "loadgen", "atomics", "keycmp", "whatif", "ceiling")
 
 HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
 
@@ -26,6 +26,7 @@ examples:
   kvprof bench -t 2 --variants fixed --connections 2,4,8  # client settings
   kvprof bench --scenario keycmp      # key comparison inlined vs through a pointer
   kvprof bench --scenario whatif      # each fix's predicted gain vs the fix itself (root)
+  kvprof bench --scenario ceiling     # ceilings predicted at 1 worker vs 2 workers (root)
   kvprof bench --scenario keycmp --instructions   # instructions/op under cachegrind
   kvprof bench --rev HEAD~1 --rev HEAD --history bench-history.jsonl
   kvprof bench --runs 10 --duration 5 -o before.json
@@ -185,6 +186,17 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if args.requests and not args.instructions:
         return fail("bench", "--requests goes with --instructions")
+    if args.scenario == "ceiling":
+        from kvprof.analysis.ceilings import ladder
+        from kvprof.analysis.findings import find
+        from kvprof.bench import ceiling
+        from kvprof.model.profile import Profile
+
+        def first_rung(p: Profile) -> tuple[str, float] | None:
+            rungs = ladder(p, find(p))
+            return (rungs[0].resource, rungs[0].ceiling_ops_per_s) if rungs else None
+
+        return ceiling.run(first_rung, args.runs, args.output)
     if args.scenario == "whatif":
         from kvprof.analysis.findings import find
         from kvprof.analysis.whatif import predict

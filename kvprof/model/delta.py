@@ -20,12 +20,14 @@ from kvprof.model.profile import (
     CpuStack,
     FutexWait,
     LineThread,
+    LockHold,
     LockStack,
     LockStat,
     OffCpu,
     Profile,
     RequestStat,
     SampledAddresses,
+    ThreadHolds,
     ThreadInfo,
     ThreadWaits,
 )
@@ -147,6 +149,32 @@ def _cachelines(new: list[CacheLineStat], old: list[CacheLineStat]) -> list[Cach
     return out
 
 
+def _holds(new: list[LockHold], old: list[LockHold]) -> list[LockHold]:
+    before = {(h.name, h.address): h for h in old}
+    out = []
+    for h in new:
+        o = before.get((h.name, h.address), LockHold(h.name, h.address))
+        if h.samples - o.samples <= 0:
+            continue
+        by_thread = {}
+        for tid, t in h.by_thread.items():
+            ot = o.by_thread.get(tid, ThreadHolds())
+            if t.acquisitions - ot.acquisitions > 0:
+                by_thread[tid] = ThreadHolds(t.acquisitions - ot.acquisitions, t.hold_ns - ot.hold_ns)
+        out.append(
+            LockHold(
+                h.name,
+                h.address,
+                h.acquisitions - o.acquisitions,
+                h.hold_ns - o.hold_ns,
+                h.samples - o.samples,
+                h.min_ns,  # a minimum cannot subtract: the newer one is kept
+                by_thread,
+            )
+        )
+    return out
+
+
 def _requests(new: dict[str, RequestStat], old: dict[str, RequestStat]) -> dict[str, RequestStat]:
     out = {}
     for op, r in new.items():
@@ -192,6 +220,7 @@ def delta(new: Profile, old: Profile) -> Profile:
         oncpu=_oncpu(new.oncpu, old.oncpu),
         offcpu=_offcpu(new.offcpu, old.offcpu),
         locks=_locks(new.locks, old.locks),
+        holds=_holds(new.holds, old.holds),
         cachelines=_cachelines(new.cachelines, old.cachelines),
         requests=_requests(new.requests, old.requests),
         addresses=_addresses(new.addresses, old.addresses),

@@ -156,6 +156,26 @@ class LockStat:
 
 
 @dataclass
+class ThreadHolds:
+    acquisitions: int = 0
+    hold_ns: int = 0
+
+
+@dataclass
+class LockHold:
+    """How long one lock was held, contended or not (kvcached's sampled
+    lock__hold): the acquisitions and hold ns the samples stand for."""
+
+    name: str
+    address: int = 0
+    acquisitions: int = 0
+    hold_ns: int = 0
+    samples: int = 0  # lock__hold firings behind the estimates
+    min_ns: int = 0  # the shortest sampled hold: the critical section's own work, nothing moved
+    by_thread: dict[str, ThreadHolds] = field(default_factory=dict)
+
+
+@dataclass
 class LineThread:
     samples: int = 0
     transfers: int = 0
@@ -288,6 +308,7 @@ class Profile:
     oncpu: list[CpuStack] = field(default_factory=list)
     offcpu: OffCpu = field(default_factory=OffCpu)
     locks: list[LockStat] = field(default_factory=list)
+    holds: list[LockHold] = field(default_factory=list)
     cachelines: list[CacheLineStat] = field(default_factory=list)
     requests: dict[str, RequestStat] = field(default_factory=dict)
     server_stats: dict[str, dict[str, str]] = field(default_factory=dict)  # "before"/"after" -> stats
@@ -339,6 +360,12 @@ class Profile:
                         }
                     )
                     for lk in d.get("locks", [])
+                ],
+                holds=[
+                    LockHold(
+                        **{**h, "by_thread": {t: ThreadHolds(**v) for t, v in h.get("by_thread", {}).items()}}
+                    )
+                    for h in d.get("holds", [])
                 ],
                 cachelines=[
                     CacheLineStat(

@@ -180,6 +180,7 @@ class TopApp(App[None]):
     .head { height: auto; padding: 0 1; color: $text-muted; }
     DataTable { height: 1fr; }
     #ov-top { height: 3; padding: 0 1; }
+    #ov-ceiling { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #ov-info, #ov-cpu, #lines-threads, #lines-matrix { text-wrap: nowrap; text-overflow: ellipsis; }
     #ov-info { width: 3fr; height: auto; }
     #ov-cpu { width: 2fr; height: auto; }

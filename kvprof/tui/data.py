@@ -21,13 +21,14 @@ import copy
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from kvprof.analysis import rows
+from kvprof.analysis import ceilings, rows
 from kvprof.analysis.findings import find, summary
+from kvprof.analysis.findings.common import GAIN_KEY
 from kvprof.analysis.hotspots import label, match_function, match_lock
 from kvprof.analysis.lines import kind, line_table
 from kvprof.analysis.rows import LockRow, RequestRow, SiteRow, SiteThreadRow, ThreadRow
 from kvprof.analysis.tables import cpu_share, socket_matrix
-from kvprof.analysis.whatif import GAIN_KEY, modelled
+from kvprof.analysis.whatif import modelled
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.delta import delta
 from kvprof.model.profile import Finding, Profile, Window
@@ -161,6 +162,7 @@ class Frame:
     findings: list[Finding]
     status: StatusInfo
     kvs_probes: bool = False
+    ceiling: str = ""  # the first rungs of the ceiling ladder, one line ("" when none)
     server: str = ""  # "memcached", "redis", "none" (answered neither), "" (not asked yet)
 
 
@@ -226,6 +228,8 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
             uptime = int(tl.last_stats["uptime"])
         except (KeyError, ValueError):
             uptime = None
+    findings = find(recent) if recent is not None else []
+    rungs = ceilings.ladder(recent, findings, ops=tl.ops_per_s) if recent is not None else []
     return Frame(
         title=title,
         command=command,
@@ -238,9 +242,10 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
         interval=interval,
         recent=recent,
         total=total,
-        findings=find(recent) if recent is not None else [],
+        findings=findings,
         status=status,
         kvs_probes=kvs,
+        ceiling=ceilings.ladder_line(rungs),
     )
 
 
@@ -300,7 +305,14 @@ def gain_cell(f: Finding) -> str:
 
 
 def cost_line(f: Finding) -> str:
-    """A finding's cost in one line, its function first."""
+    """A finding's cost in one line, its function first, its ceiling last."""
+    line = _cost_line(f)
+    if "ceiling_ops_per_s" in f.cost:
+        line += f"; ceiling {ceilings.ops_text(f.cost['ceiling_ops_per_s'])} ops/s"
+    return line
+
+
+def _cost_line(f: Finding) -> str:
     k = f.cost
     site = f.sites[0] if f.sites else f.where
     if f.category == "lock":

@@ -181,6 +181,7 @@ class OverviewPanel(Panel):
         with Horizontal(id="ov-top"):
             yield Line(id="ov-info")
             yield Line(id="ov-cpu")
+        yield Line(id="ov-ceiling")
         yield Sparkline([], id="ov-spark")
         yield new_table("ov-findings", [("", "sev"), ("if fixed", "gain"), ("finding — cost", "cost")])
         with VerticalScroll(id="ov-detail-box"):
@@ -201,6 +202,9 @@ class OverviewPanel(Panel):
             info.append(" (Redis INFO)", "dim")
         info.append(f"  up {up}  profiled {frame.elapsed_s:.0f} s")
         self.query_one("#ov-info", Line).set_text(info)
+        ceiling = self.query_one("#ov-ceiling", Line)
+        ceiling.display = bool(frame.ceiling)
+        ceiling.set_text(Text(frame.ceiling, "bold", no_wrap=True, overflow="ellipsis"))
 
         cpu = Text(no_wrap=True, overflow="ellipsis")
         bars = data.cpu_bars(frame)

@@ -45,10 +45,12 @@ from prometheus_client.core import (
     Metric,
 )
 
+from kvprof.analysis import ceilings
 from kvprof.analysis.findings import find
+from kvprof.analysis.findings.common import GAIN_KEY
 from kvprof.analysis.lines import LINE, line_table
 from kvprof.analysis.tables import functions, locks, transfers_matrix
-from kvprof.analysis.whatif import GAIN_KEY, gain_if_all_fixed, modelled
+from kvprof.analysis.whatif import gain_if_all_fixed, modelled
 from kvprof.model.histogram import hist_sum_estimate
 from kvprof.model.profile import CacheLineStat, Profile
 from kvprof.model.topology import Topology
@@ -231,6 +233,17 @@ METRICS: dict[str, tuple[str, str, T]] = {
         "Throughput fixing the critical and warning findings together gives back",
         (),
     ),
+    "ceiling_ops_per_s": (
+        "gauge",
+        "Throughput a serialized resource (a single lock, a shared line) caps the server at, kvprof's "
+        "model (docs/findings.md)",
+        ("resource",),
+    ),
+    "ceiling_binds_at_threads": (
+        "gauge",
+        "Busy threads at which that ceiling binds, from today's throughput per busy thread",
+        ("resource",),
+    ),
     "probe_sample_ratio": ("gauge", "The server fires this probe for 1 in N events", ("probe",)),
     "collector_up": ("gauge", "1 when the collector is attached, 0 when it is not (yet)", ("collector",)),
     "collector_dropped_total": (
@@ -400,6 +413,9 @@ def _gains(profile: Profile, lab: Labeler, fam: Families) -> None:
         gains[key] = max(gains.get(key, 0.0), f.cost.get(GAIN_KEY, 0.0))
     fam.add("finding_gain_if_fixed", gains)
     fam.add("gain_if_all_fixed", gain_if_all_fixed(profile, findings))
+    rungs = ceilings.ladder(profile, findings)
+    fam.add("ceiling_ops_per_s", {(c.resource,): c.ceiling_ops_per_s for c in rungs})
+    fam.add("ceiling_binds_at_threads", {(c.resource,): c.binds_at_threads for c in rungs})
 
 
 def _cpu(profile: Profile, lab: Labeler, fam: Families) -> None:

@@ -9,6 +9,7 @@ socket), threads and requests.
 
 from __future__ import annotations
 
+import math
 import textwrap
 import time
 from collections import defaultdict
@@ -16,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from kvprof.analysis.findings import find, rank_key, summary
+from kvprof.analysis import ceilings
+from kvprof.analysis.findings import find, summary
 from kvprof.analysis.hotspots import label
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
@@ -52,7 +54,7 @@ def findings_of(profile: Profile) -> list[Finding]:
     """The profile's findings, computed now when the recording did not store any (and
     their gains, when it stored findings without them)."""
     if profile.findings:
-        return annotate(profile, sorted(profile.findings, key=rank_key))
+        return ceilings.ranked(profile, annotate(profile, list(profile.findings)))
     return find(profile)
 
 
@@ -132,6 +134,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
         "gain_if_all_fixed": whatif["gain_if_all_fixed"],
         "whatif": whatif,
+        "throughput_ops_per_s": round(ceilings.throughput(profile), 1),
+        "ceilings": [ceilings.to_json(c) for c in ceilings.ladder(profile, findings)],
         "tables": {
             "functions": [asdict(r) for r in top_functions(profile, top)],
             "locks": [_fields("locks", r) for r in lock_rows(profile)],
@@ -358,7 +362,7 @@ def _findings_section(findings: list[Finding], many_sockets: bool, whatif: dict[
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("critical", "warning", "info")}
     out = _section(
         f"FINDINGS: {counts['critical']} critical, {counts['warning']} warning, "
-        f"{counts['info']} info (most costly first)"
+        f"{counts['info']} info (most worth fixing first)"
     )
     if not findings:
         out.append("No contention found: no hot catalog function, contended lock or bouncing")
@@ -377,6 +381,28 @@ def _findings_section(findings: list[Finding], many_sockets: bool, whatif: dict[
         out += _finding_lines(i, f, many_sockets)
     if any(f.severity == "info" for f in findings):
         out.append("(info findings are shown short; --json has every field)")
+    return out
+
+
+def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
+    """The ladder: each serialized resource's ceiling, in the order they bind."""
+    rungs = ceilings.ladder(profile, findings)
+    if not rungs:
+        return []
+    ops = ceilings.throughput(profile)
+    out = _section(f"CEILINGS: where throughput stops scaling (today {ops:,.0f} ops/s)")
+    out.append(f"{'resource':<32}{'ns/op':>9}{'ceiling ops/s':>14}{'at threads':>12}{'after fix':>12}")
+    for c in rungs:
+        after = "-" if math.isinf(c.after_fix_ops_per_s) else ceilings.ops_text(c.after_fix_ops_per_s)
+        out.append(
+            f"{_fit(c.resource, 31):<32}{c.busy_ns_per_op:>9.1f}{ceilings.ops_text(c.ceiling_ops_per_s):>14}"
+            f"{c.binds_at_threads:>12,.0f}{after:>12}"
+        )
+    out += _wrap(
+        "A lock every request takes, or a line every request writes, serves one core at a "
+        "time: its time per request caps the server whatever its cores (docs/findings.md).",
+        "",
+    )
     return out
 
 
@@ -510,6 +536,7 @@ def render_text(profile: Profile, top: int = 15) -> str:
     out = [
         *_header(profile),
         *_findings_section(findings, many_sockets, whatif_of(profile, findings)),
+        *_ceilings_section(profile, findings),
         *_functions_section(profile, top),
         *_locks_section(profile),
         *_lines_section(profile, top, matrix, many_sockets),

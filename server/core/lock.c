@@ -19,9 +19,11 @@ static struct {
 
 int kv_lock_sample = KV_LOCK_SAMPLE_DEFAULT;
 __thread struct lock_pending kv_lock_pending;
+__thread struct hold_pending kv_hold_pending;
 /* one sampler per lock name: a rarely contended lock is paced apart from a hot one,
  * so that its few waits are not drawn as 1 in the hot lock's n */
 static __thread struct kv_sampler lock_samplers[LOCK_NAMES_MAX];
+static __thread struct kv_sampler hold_samplers[LOCK_NAMES_MAX];
 
 void lock_init(kv_lock_t *l, enum lock_id id)
 {
@@ -78,6 +80,33 @@ __attribute__((noinline)) void kv_lock_report(void)
      * thread-local or %rip-relative operand */
     __asm__ volatile("" : "+r"(waited), "+r"(weight));
     KVS_LOCK_WAIT_DONE(l, (char *)lock_names[l->id], waited, weight);
+}
+
+/* One acquisition being timed per thread: a lock taken while another's hold
+ * is timed is not drawn. */
+__attribute__((noinline)) void kv_hold_begin(kv_lock_t *l)
+{
+    if (kv_hold_pending.lock != NULL)
+        return;
+    uint32_t weight = sample_weight(&hold_samplers[l->id], (uint32_t)kv_probe_sample);
+    if (weight == 0)
+        return;
+    kv_hold_pending.weight = (int)weight;
+    kv_hold_pending.since_ns = now_ns();
+    kv_hold_pending.lock = l;
+}
+
+/* Out of line and after the release, as kv_lock_report(): the probe's trap
+ * is never inside the critical section it measures. */
+__attribute__((noinline)) void kv_hold_report(uint64_t released_ns)
+{
+    __asm__ volatile("" : : "r"(__builtin_frame_address(0)));
+    kv_lock_t *l = kv_hold_pending.lock;
+    uint64_t held = released_ns - kv_hold_pending.since_ns;
+    int weight = kv_hold_pending.weight;
+    kv_hold_pending.lock = NULL;
+    __asm__ volatile("" : "+r"(held), "+r"(weight));
+    KVS_LOCK_HOLD(l, (char *)lock_names[l->id], held, weight);
 }
 
 void lock_stats(enum lock_id id, struct lock_stat *out)

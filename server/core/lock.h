@@ -11,13 +11,21 @@
  * the lock is released again: kv_lock_contended() leaves the sampled wait in
  * the thread's kv_lock_pending and kv_unlock() of that lock fires it, so the
  * probe's trap and program never lengthen the critical section a contended
- * lock protects. An unlock costs one thread-local compare more. */
+ * lock protects. An unlock costs one thread-local compare more.
+ *
+ * lock__hold: with the probe attached, kv_lock() draws a paced sample of all
+ * acquisitions (per thread and lock name) and notes when the sampled one was
+ * acquired; kv_unlock() of that lock reads the clock before releasing it and
+ * fires the probe after. A sampled acquisition's hold includes one clock
+ * read; the others pay nothing but the draw. Detached, kv_lock() costs one
+ * semaphore test more and kv_unlock() a second thread-local compare. */
 #ifndef KV_LOCK_H
 #define KV_LOCK_H
 
 #include <pthread.h>
 #include <stdint.h>
 
+#include "trace.h"
 #include "util.h"
 
 #define KV_LOCK_NAMES(X)                                                       \
@@ -58,6 +66,14 @@ struct lock_pending {
 };
 extern __thread struct lock_pending kv_lock_pending;
 
+/* A sampled acquisition whose hold time is being measured (lock__hold). */
+struct hold_pending {
+    kv_lock_t *lock;
+    uint64_t since_ns;
+    int weight;
+};
+extern __thread struct hold_pending kv_hold_pending;
+
 #define KV_LOCK_SAMPLE_DEFAULT 0 /* paced: see struct kv_sampler in trace.h */
 #define KV_LOCK_ALWAYS_NS (1u << 20) /* a wait this long (about 1 ms) always fires lock__wait__done */
 extern int kv_lock_sample; /* lock__wait__done for 1 shorter contended wait in N (--lock-sample); 0: paced */
@@ -66,21 +82,30 @@ void lock_init(kv_lock_t *l, enum lock_id id);
 void lock_destroy(kv_lock_t *l);
 void kv_lock_contended(kv_lock_t *l);
 void kv_lock_report(void);
+void kv_hold_begin(kv_lock_t *l);
+void kv_hold_report(uint64_t released_ns);
 const char *lock_name(enum lock_id id);
 void lock_stats(enum lock_id id, struct lock_stat *out);
 
 static inline void kv_lock(kv_lock_t *l)
 {
-    if (likely(pthread_mutex_trylock(&l->mutex) == 0))
-        return;
-    kv_lock_contended(l);
+    if (unlikely(pthread_mutex_trylock(&l->mutex) != 0))
+        kv_lock_contended(l);
+    if (unlikely(KVS_LOCK_HOLD_ENABLED()))
+        kv_hold_begin(l);
 }
 
 static inline int kv_trylock(kv_lock_t *l) { return pthread_mutex_trylock(&l->mutex) == 0; }
 
 static inline void kv_unlock(kv_lock_t *l)
 {
-    pthread_mutex_unlock(&l->mutex);
+    if (unlikely(kv_hold_pending.lock == l)) {
+        uint64_t released = now_ns();
+        pthread_mutex_unlock(&l->mutex);
+        kv_hold_report(released);
+    } else {
+        pthread_mutex_unlock(&l->mutex);
+    }
     if (unlikely(kv_lock_pending.lock == l)) {
         kv_lock_report();
         /* no tail call: the caller's frame must stay on the probe's stack */

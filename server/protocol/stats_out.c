@@ -71,6 +71,7 @@ static void stats_settings(conn *c)
     stat_u64(c, "probe_sample", (uint64_t)settings.probe_sample);
     stat_u64(c, "lock_sample", (uint64_t)settings.lock_sample);
     stat_u64(c, "probe_rate", (uint64_t)settings.probe_rate);
+    stat_u64(c, "topkeys_hold_ns", (uint64_t)settings.topkeys_hold_ns);
     stat_str(c, "cpu_affinity", settings.ncpus > 0 ? settings.cpu_affinity : "none");
     stat_str(c, "key_compare", key_compare_name(items_key_compare()));
     for (int s = 0; s < SITES_MAX; s++) {

@@ -151,6 +151,16 @@ struct topkeys_table {
 } KV_ALIGNED;
 
 static struct topkeys_table *shared_topkeys;
+long kv_topkeys_hold_ns;
+
+/* --topkeys-hold-ns: spin on the clock, so the thread stays on its CPU
+ * holding the lock, as a longer critical section would. */
+static void topkeys_hold(void)
+{
+    uint64_t until = now_ns() + (uint64_t)kv_topkeys_hold_ns;
+    while (now_ns() < until)
+        __asm__ volatile("" ::: "memory");
+}
 static struct topkeys_table *thread_topkeys; /* nslots */
 
 __attribute__((noinline)) void update_topkeys(const char *key, size_t nkey, uint64_t hv)
@@ -160,6 +170,8 @@ __attribute__((noinline)) void update_topkeys(const char *key, size_t nkey, uint
     if (nkey > 255)
         nkey = 255;
     kv_lock(&t->lock);
+    if (unlikely(kv_topkeys_hold_ns > 0))
+        topkeys_hold();
     t->total++;
     uint32_t min = 0;
     for (uint32_t i = 0; i < t->n; i++) {

@@ -35,6 +35,11 @@ const char *site_function(enum site_id s);
 const char *site_flag(enum site_id s);
 const char *site_mode_name(enum site_mode m);
 enum site_mode site_mode(enum site_id s);
+/* Busy-wait this many ns inside update_topkeys' critical section, in either
+ * mode (--topkeys-hold-ns): the work a slower critical section would do, so
+ * that a 2-core machine can reach the ceiling the topkeys mutex puts on
+ * throughput. 0 (the default) adds nothing. */
+extern long kv_topkeys_hold_ns;
 /* "baseline" (every site shared), "fixed" (none) or "custom". */
 const char *sites_preset(void);
 

@@ -1,11 +1,13 @@
 """Findings: the hotspot catalog joined with a profile's measurements.
 
-`find(profile)` returns the findings ranked most costly first: by severity,
-then by the estimated cost `cost["est_s_per_s"]`, the thread-seconds a
-second of recording that the spot costs (CPU seconds on a hot function,
-seconds spent waiting on a lock or futex, or cache-line transfers times the
-time one transfer takes). The severity thresholds are in `Thresholds`; they
-are documented in docs/report.md.
+`find(profile)` returns the findings ranked by one rule (`common.rank`): a
+finding is worth the larger of what fixing it gives back now
+(`cost["gain_if_fixed"]`, kvprof.analysis.whatif) and a fixed weight times
+the share of its resource's ceiling today's throughput already uses
+(kvprof.analysis.ceilings); its severity and its place both follow from
+that worth, ties broken by the estimated cost `cost["est_s_per_s"]`. The
+thresholds in `Thresholds` say what each module reports at all and with
+which measurements; docs/report.md has the rule.
 
 One module per category, each a function from the window's `Context` to
 its findings: `locks` (kvs lock probes), `sites` (cache lines of the kvs
@@ -20,11 +22,14 @@ recorded before the weights has `profile.status.sample_rates["atomic__sample"]`,
 and its samples and transfers are multiplied by it: kvprof.analysis.tables). A finding whose collector
 cost the target more than a tenth of what it reports is flagged
 (`probe_effect`). Each finding's `cost["gain_if_fixed"]` is the throughput
-fixing it would give back (kvprof.analysis.whatif).
+fixing it would give back (kvprof.analysis.whatif); a lock's or shared
+line's also carries the ceiling its resource puts on throughput and the
+thread count at which it binds (kvprof.analysis.ceilings).
 """
 
 from __future__ import annotations
 
+from kvprof.analysis import ceilings
 from kvprof.analysis.findings.common import THRESHOLDS, Context, Thresholds, rank_key
 from kvprof.analysis.findings.cpu import cpu_findings, fold_cpu
 from kvprof.analysis.findings.locks import lock_findings
@@ -49,5 +54,4 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
         *cpu_findings(c),
         *offcpu_findings(c),
     ]
-    ranked = sorted(flag_probe_effect(profile, fold_cpu(c, findings)), key=rank_key)
-    return annotate(profile, ranked)
+    return ceilings.ranked(profile, annotate(profile, flag_probe_effect(profile, fold_cpu(c, findings))))

@@ -109,6 +109,28 @@ def wait_cost(c: Context, waits: int, wait_s_per_s: float, share: float) -> dict
     }
 
 
-def rank_key(f: Finding) -> tuple[int, float, str]:
-    """Sort key: severity first, then estimated cost (descending), then id."""
-    return (SEVERITY_RANK.get(f.severity, 3), -f.cost.get("est_s_per_s", 0.0), f.id)
+# The one rule for order and severity (docs/report.md): a finding is worth the larger of
+# what fixing it gives back now and CEILING_WEIGHT times the share of its resource's
+# ceiling that today's throughput already uses.
+GAIN_KEY = "gain_if_fixed"
+CEILING_SHARE_KEY = "ceiling_share"  # today's throughput / the resource's ceiling
+CEILING_WEIGHT = 0.2  # a resource at its ceiling counts as a fix worth +20 %
+WORTH_CRITICAL = 0.10  # +10 % now, or a ceiling within 2x of today's throughput
+WORTH_WARNING = 0.02  # +2 % now, or a ceiling within 10x
+
+
+def worth(f: Finding) -> float:
+    """What a finding is worth under the one rule."""
+    return max(f.cost.get(GAIN_KEY, 0.0), CEILING_WEIGHT * f.cost.get(CEILING_SHARE_KEY, 0.0))
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """`findings` with the rule's severity, most worth first (ties: estimated cost, id)."""
+    for f in findings:
+        f.severity = severity_of(worth(f), WORTH_CRITICAL, WORTH_WARNING)
+    return sorted(findings, key=rank_key)
+
+
+def rank_key(f: Finding) -> tuple[float, float, str]:
+    """Sort key: worth (descending), then estimated cost (descending), then id."""
+    return (-worth(f), -f.cost.get("est_s_per_s", 0.0), f.id)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvprof.analysis.whatif import GAIN_KEY, modelled
+from kvprof.analysis.findings.common import GAIN_KEY
+from kvprof.analysis.whatif import modelled
 from kvprof.model.profile import Finding
 
 
@@ -27,6 +28,12 @@ def summary(f: Finding) -> str:
     s = _measured(f)
     if modelled(f) and GAIN_KEY in f.cost:
         s += f" Fixing it would give back about {f.cost[GAIN_KEY]:+.1%} throughput."
+    if "ceiling_ops_per_s" in f.cost:
+        s += (
+            f" Alone it caps the server at {_n(f.cost['ceiling_ops_per_s'])} ops/s, whatever its cores"
+            f" (about {_n(f.cost.get('binds_at_threads', 0))} busy threads at today's pace; today's"
+            f" throughput is {f.cost.get('ceiling_share', 0):.1%} of it)."
+        )
     return s
 
 
