@@ -1,14 +1,21 @@
-"""Data addresses of contended atomics on any process, from sampled user
-registers (probes/regsample.bpf.c): no PMU, no probes in the target.
+"""Data addresses of contended atomics and of the locks the lock machinery
+works on, on any process, from sampled user registers (probes/regsample.bpf.c):
+no PMU, no probes in the target.
 
 Sampled at the cpu-clock events `oncpu` samples at (one per CPU at the
-on-CPU rate, `opts.hz`; bpf.CpuClock), filtered to the target in BPF. A
-sample that interrupted user mode keeps its IP and general registers in a
-ring of RING slots; this module decodes each distinct IP once
-(kvprof.collect.decode, capstone), and for an atomic read-modify-write
-computes the data address from that sample's registers. It fills
-Profile.addresses; kvprof.analysis.lines folds them into 64-byte cache
-lines.
+on-CPU rate, `opts.hz`; bpf.CpuClock), filtered to the target in BPF. Every
+sample keeps its user IP and general registers (in kernel mode, those the
+thread entered the kernel with) and the key of the user stack oncpu took, in
+a ring of RING slots; this module decodes each distinct IP once
+(kvprof.collect.decode, capstone):
+- at a user-mode sample on an atomic read-modify-write, it computes the data
+  address from that sample's registers (Profile.addresses.samples;
+  kvprof.analysis.lines folds them into 64-byte cache lines);
+- at a sample in a lock function (pthread_mutex_lock, its unlock, the futex
+  calls under them: kvprof.collect.lockarg), it takes the lock's address from
+  the register that holds the function's first argument there, and the
+  caller from the stack: the first frame outside the lock functions
+  (Profile.addresses.locks; kvprof.analysis.findings.lock_cpu).
 
 Bound: the ring keeps the newest RING samples of the target (32768: 165 s
 of both CPUs at 99 Hz). `record` reads it once, at the end of its window;
@@ -25,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvprof.collect import CollectError, CollectOptions
+from kvprof.collect import CollectError, CollectOptions, unwind
 from kvprof.collect.bpf import (
     Module,
     Program,
@@ -36,7 +43,9 @@ from kvprof.collect.bpf import (
     source,
     warn,
 )
-from kvprof.model.profile import AddressSample, Profile, SampledAddresses, ThreadInfo
+from kvprof.collect.lockarg import is_lock_function
+from kvprof.collect.symbols import Symbolizer
+from kvprof.model.profile import INLINED, AddressSample, LockCpuSample, Profile, SampledAddresses, ThreadInfo
 
 if TYPE_CHECKING:
     from kvprof.collect.decode import Process
@@ -53,6 +62,8 @@ class _Raw:
     cpu: int
     ip: int
     regs: tuple[int, ...]
+    ustack: int  # the user stack's key in `ustacks`, 0: none
+    kernel: bool
 
 
 @dataclass
@@ -61,6 +72,10 @@ class _State:
 
     rows: dict[tuple[int, int, int, int], int] = field(default_factory=lambda: defaultdict(int))
     meta: dict[tuple[int, int], tuple[str, str, str, int]] = field(default_factory=dict)
+    # (tid, lock, function, leaf, caller, kernel) -> samples; and the locks' data symbols
+    locks: dict[tuple[int, int, str, str, str, bool], int] = field(default_factory=lambda: defaultdict(int))
+    lock_symbols: dict[int, str] = field(default_factory=dict)
+    lock_unattributed: int = 0
     unattributed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     user: int = 0
     kernel: int = 0
@@ -86,6 +101,9 @@ class RegsampleCollector(Sampler):
         self._next = 0  # sequence number of the next sample to read
         self._state = _State()
         self._symbols: dict[int, str] = {}
+        self._frames: Symbolizer | None = None  # names the stacks of lock samples
+        self._ustacks: dict[int, tuple[list[int], str]] = {}
+        self._callers: dict[int, tuple[str, str]] = {}  # stack key -> (lock function, caller)
 
     def program(self) -> Program:
         missing = [m for m in ("capstone", "elftools") if importlib.util.find_spec(m) is None]
@@ -129,7 +147,8 @@ class RegsampleCollector(Sampler):
             if int(s.seq) > n + 1:
                 self._state.lost += 1  # overwritten since `end` was read
             else:
-                out.append(_Raw(int(s.tid), int(s.cpu), int(s.ip), tuple(int(r) for r in s.regs)))
+                regs = tuple(int(r) for r in s.regs)
+                out.append(_Raw(int(s.tid), int(s.cpu), int(s.ip), regs, int(s.ustack), bool(s.kernel)))
             n += 1
         self._next = n
         return out
@@ -144,6 +163,11 @@ class RegsampleCollector(Sampler):
         if any(proc.mapping(r.ip) is None for r in raws):
             proc.refresh()  # a library loaded since
         for r in raws:
+            leaf = proc.function(r.ip)
+            if leaf is not None and is_lock_function(leaf[0]):
+                self._lock_sample(r, leaf[0])
+            if r.kernel:
+                continue  # its user registers are a syscall's or an interrupt's: no atomic stalled
             st.user += 1
             d = proc.decode(r.ip)
             if d.atomic is None:
@@ -168,6 +192,65 @@ class RegsampleCollector(Sampler):
         st.kernel = sum(k for _, k in threads.values())
         st.health = percpu_counters(self.table("health"), HEALTH)
 
+    def _lock_sample(self, r: _Raw, leaf: str) -> None:
+        """Count a sample in a lock function for its lock, from the register that holds
+        the function's first argument at its IP, and for its caller."""
+        assert self._process is not None
+        st = self._state
+        reg = self._process.lock_register(r.ip)
+        if reg is None:
+            st.lock_unattributed += 1
+            return
+        addr = r.regs[reg]
+        if addr not in st.lock_symbols:
+            symbol = self._symbols.get(addr)
+            if symbol is None:
+                symbol = self._symbols[addr] = self._process.data_symbol(addr)
+            st.lock_symbols[addr] = symbol
+        function, caller = self._caller(r.ustack, leaf)
+        st.locks[(r.tid, addr, function, leaf, caller, r.kernel)] += 1
+
+    def _caller(self, key: int, leaf: str) -> tuple[str, str]:
+        """(the outermost lock function, the frame that called it) of user stack `key`;
+        (`leaf`, "") without a stack."""
+        got = self._callers.get(key)
+        if got is not None:
+            return got
+        frames = self._stack(key)
+        if not frames:
+            return leaf, ""
+        # a function with what was inlined into it, from the leaf up
+        groups: list[list[str]] = []
+        for f in frames:
+            if f.endswith(INLINED) and groups:
+                groups[-1].append(f.removesuffix(INLINED))
+            else:
+                groups.append([f])
+        function, caller = leaf, ""
+        for g in reversed(groups):
+            if not is_lock_function(g[0]):
+                caller = "" if g[-1].startswith("[") else g[-1]  # "[truncated]": not known
+                break
+            function = g[0]
+        self._callers[key] = (function, caller)
+        return function, caller
+
+    def _stack(self, key: int) -> list[str]:
+        """The frames, root first, of user stack `key` that oncpu.bpf.c stored; [] when none."""
+        module = self.module
+        if not key or module is None or "unwinder" not in module.shared:
+            return []
+        try:
+            table = module.table("ustacks")
+        except KeyError:
+            return []
+        stack = unwind.read_stack(table, key, self._ustacks)
+        if not stack or not stack[0]:
+            return []
+        if self._frames is None:
+            self._frames = Symbolizer(self.pid, module.shared["unwinder"], self.opts.inline)
+        return self._frames.unwound(*stack)
+
     def contribute(self, profile: Profile) -> None:
         self.latest()  # adds what is new to self._state
         st = self._state
@@ -182,6 +265,13 @@ class RegsampleCollector(Sampler):
             kernel_samples=st.kernel,
             unattributed=dict(sorted(st.unattributed.items())),
             lost=st.lost,
+            locks=[
+                LockCpuSample(tid, addr, st.lock_symbols[addr], fn, leaf, caller, kernel, n)
+                for (tid, addr, fn, leaf, caller, kernel), n in sorted(
+                    st.locks.items(), key=lambda kv: (-kv[1], kv[0])
+                )
+            ],
+            lock_unattributed=st.lock_unattributed,
         )
         for tid in st.threads:
             info = profile.threads.setdefault(str(tid), ThreadInfo())
