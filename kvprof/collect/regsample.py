@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 RING = 32768  # a power of two (the BPF program masks with RING - 1)
 MAX_THREADS = 4096
 HEALTH = ("samples", "threads_full")  # the order of `enum regsample_health`
+CALLERS = 4  # frames kept of what called a lock function (the analysis skips wrappers among them)
 _BATCH = 1024  # more new slots than this: one batch read of the whole ring
 
 
@@ -72,8 +73,10 @@ class _State:
 
     rows: dict[tuple[int, int, int, int], int] = field(default_factory=lambda: defaultdict(int))
     meta: dict[tuple[int, int], tuple[str, str, str, int]] = field(default_factory=dict)
-    # (tid, lock, function, leaf, caller, kernel) -> samples; and the locks' data symbols
-    locks: dict[tuple[int, int, str, str, str, bool], int] = field(default_factory=lambda: defaultdict(int))
+    # (tid, lock, function, leaf, callers, kernel) -> samples; and the locks' data symbols
+    locks: dict[tuple[int, int, str, str, tuple[str, ...], bool], int] = field(
+        default_factory=lambda: defaultdict(int)
+    )
     lock_symbols: dict[int, str] = field(default_factory=dict)
     lock_unattributed: int = 0
     unattributed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -103,7 +106,7 @@ class RegsampleCollector(Sampler):
         self._symbols: dict[int, str] = {}
         self._frames: Symbolizer | None = None  # names the stacks of lock samples
         self._ustacks: dict[int, tuple[list[int], str]] = {}
-        self._callers: dict[int, tuple[str, str]] = {}  # stack key -> (lock function, caller)
+        self._callers: dict[int, tuple[str, tuple[str, ...]]] = {}  # stack key -> (lock function, callers)
 
     def program(self) -> Program:
         missing = [m for m in ("capstone", "elftools") if importlib.util.find_spec(m) is None]
@@ -207,33 +210,37 @@ class RegsampleCollector(Sampler):
             if symbol is None:
                 symbol = self._symbols[addr] = self._process.data_symbol(addr)
             st.lock_symbols[addr] = symbol
-        function, caller = self._caller(r.ustack, leaf)
-        st.locks[(r.tid, addr, function, leaf, caller, r.kernel)] += 1
+        function, callers = self._callers_of(r.ustack, leaf)
+        st.locks[(r.tid, addr, function, leaf, callers, r.kernel)] += 1
 
-    def _caller(self, key: int, leaf: str) -> tuple[str, str]:
-        """(the outermost lock function, the frame that called it) of user stack `key`;
-        (`leaf`, "") without a stack."""
+    def _callers_of(self, key: int, leaf: str) -> tuple[str, tuple[str, ...]]:
+        """(the outermost lock function, the first CALLERS frames that led to it, innermost
+        first) of user stack `key`; (`leaf`, ()) without a stack."""
         got = self._callers.get(key)
         if got is not None:
             return got
         frames = self._stack(key)
         if not frames:
-            return leaf, ""
+            return leaf, ()
         # a function with what was inlined into it, from the leaf up
         groups: list[list[str]] = []
         for f in frames:
             if f.endswith(INLINED) and groups:
-                groups[-1].append(f.removesuffix(INLINED))
+                groups[-1].append(f)
             else:
                 groups.append([f])
-        function, caller = leaf, ""
+        function = leaf
+        outside: list[str] = []
         for g in reversed(groups):
-            if not is_lock_function(g[0]):
-                caller = "" if g[-1].startswith("[") else g[-1]  # "[truncated]": not known
+            if not outside and is_lock_function(g[0]):
+                function = g[0]
+                continue
+            # innermost first; a marker ("[truncated]") names no caller
+            outside += [f.removesuffix(INLINED) for f in reversed(g) if not f.startswith("[")]
+            if len(outside) >= CALLERS:
                 break
-            function = g[0]
-        self._callers[key] = (function, caller)
-        return function, caller
+        got = self._callers[key] = (function, tuple(outside[:CALLERS]))
+        return got
 
     def _stack(self, key: int) -> list[str]:
         """The frames, root first, of user stack `key` that oncpu.bpf.c stored; [] when none."""
@@ -266,8 +273,8 @@ class RegsampleCollector(Sampler):
             unattributed=dict(sorted(st.unattributed.items())),
             lost=st.lost,
             locks=[
-                LockCpuSample(tid, addr, st.lock_symbols[addr], fn, leaf, caller, kernel, n)
-                for (tid, addr, fn, leaf, caller, kernel), n in sorted(
+                LockCpuSample(tid, addr, st.lock_symbols[addr], fn, leaf, list(callers), kernel, n)
+                for (tid, addr, fn, leaf, callers, kernel), n in sorted(
                     st.locks.items(), key=lambda kv: (-kv[1], kv[0])
                 )
             ],

@@ -164,8 +164,8 @@ def _addresses(new: SampledAddresses, old: SampledAddresses) -> SampledAddresses
     def key(s: AddressSample) -> tuple[int, int, int, int]:
         return (s.tid, s.cpu, s.ip, s.address)
 
-    def lock_key(s: LockCpuSample) -> tuple[int, int, str, str, str, bool]:
-        return (s.tid, s.address, s.function, s.leaf, s.caller, s.kernel)
+    def lock_key(s: LockCpuSample) -> tuple[int, int, str, str, tuple[str, ...], bool]:
+        return (s.tid, s.address, s.function, s.leaf, tuple(s.callers), s.kernel)
 
     before = {key(s): s.count for s in old.samples}
     samples = [replace(s, count=s.count - before.get(key(s), 0)) for s in new.samples]

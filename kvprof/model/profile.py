@@ -203,7 +203,7 @@ class LockCpuSample:
     symbol: str  # data symbol: "big_lock", "stats+0x8", "heap 0x55d0c0a0"
     function: str  # the lock function called: the outermost lock frame ("pthread_mutex_lock")
     leaf: str  # where the sample was: the innermost one ("__lll_lock_wait")
-    caller: str  # the first frame outside the lock functions; "" when no stack said
+    callers: list[str]  # the frames that called it, innermost first (a few); [] when no stack said
     kernel: bool  # in the kernel, under the lock function (the futex syscall)
     count: int
 
