@@ -38,6 +38,7 @@ from kvprof.tui.data import cost_line
 from kvprof.views.report import render_text, to_json
 
 lockarg = pytest.importorskip("kvprof.collect.lockarg", reason="capstone (python3-capstone) is missing")
+is_lock_function = pytest.importorskip("kvprof.collect.regsample", reason="needs BCC").is_lock_function
 
 GLIBC_LOCK = Path(__file__).parent / "programs" / "glibc_lock.c"
 
@@ -109,9 +110,9 @@ def test_lock_functions_by_name() -> None:
     and condition waits are not."""
     for name in ("pthread_mutex_lock", "__pthread_mutex_unlock_usercnt", "__GI___lll_lock_wait",
                  "___pthread_mutex_trylock", "__lll_lock_wake_private", "pthread_rwlock_wrlock"):  # fmt: skip
-        assert lockarg.is_lock_function(name), name
+        assert is_lock_function(name), name
     for name in ("pthread_mutexattr_init", "pthread_cond_wait", "worker", "libc.so.6+0x8610f"):
-        assert not lockarg.is_lock_function(name), name
+        assert not is_lock_function(name), name
 
 
 # ---- the finding, on hand-made profiles ------------------------------------------------------
@@ -289,6 +290,6 @@ def test_debian_memcached_mutex_cpu_is_a_finding(
     found = [f for f in p.findings if f.id.startswith(ID_PREFIX)]
     assert found, [(f.id, f.title) for f in p.findings]
     for f in found:
-        assert f.where != UNKNOWN_CALLER and not lockarg.is_lock_function(f.where), f.title
+        assert f.where != UNKNOWN_CALLER and not is_lock_function(f.where), f.title
         assert re.search(r"(heap|stack) 0x[0-9a-f]+|`", f.lock), f.lock
         assert f.title.startswith(f.lock + " taken in " + f.where + ": ")

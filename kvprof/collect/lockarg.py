@@ -1,5 +1,6 @@
 """Which registers hold a lock function's lock at an instruction: the mutex a
-sample inside pthread_mutex_lock & co. acts on, from its registers.
+sample inside pthread_mutex_lock & co. (kvprof.collect.regsample.LOCK_PREFIXES)
+acts on, from its registers.
 
 Every lock function of glibc takes its lock as its first argument (`rdi` at
 entry): pthread_mutex_lock/unlock/trylock, __pthread_mutex_unlock_usercnt,
@@ -24,25 +25,6 @@ from dataclasses import dataclass
 
 import capstone
 from capstone import x86
-
-# The lock functions, by their names without leading underscores and glibc's `GI_`
-# alias prefix: every one takes its lock as its first argument.
-LOCK_PREFIXES = (
-    "pthread_mutex_", "pthread_rwlock_", "pthread_spin_", "lll_lock", "lll_unlock", "lll_trylock",
-)  # fmt: skip
-
-
-def plain_name(frame: str) -> str:
-    """A frame's function without leading underscores, glibc's `GI_` prefix, a symbol
-    version or an inline mark: `__GI___lll_lock_wait` -> `lll_lock_wait`."""
-    name = frame.split(" ", 1)[0].split("@", 1)[0].lstrip("_")
-    return name.removeprefix("GI_").lstrip("_")
-
-
-def is_lock_function(frame: str) -> bool:
-    """pthread_mutex_lock and the rest of the lock machinery (not pthread_mutexattr_*)."""
-    return plain_name(frame).startswith(LOCK_PREFIXES)
-
 
 # the registers a call may change (System V x86-64), and a syscall
 CALLER_SAVED = frozenset({"rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11"})

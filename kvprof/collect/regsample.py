@@ -43,7 +43,6 @@ from kvprof.collect.bpf import (
     source,
     warn,
 )
-from kvprof.collect.lockarg import is_lock_function
 from kvprof.collect.symbols import Symbolizer
 from kvprof.model.profile import INLINED, AddressSample, LockCpuSample, Profile, SampledAddresses, ThreadInfo
 
@@ -55,6 +54,23 @@ MAX_THREADS = 4096
 HEALTH = ("samples", "threads_full")  # the order of `enum regsample_health`
 CALLERS = 4  # frames kept of what called a lock function (the analysis skips wrappers among them)
 _BATCH = 1024  # more new slots than this: one batch read of the whole ring
+# The lock functions, by their names without leading underscores and glibc's `GI_`
+# alias prefix: every one takes its lock as its first argument.
+LOCK_PREFIXES = (
+    "pthread_mutex_", "pthread_rwlock_", "pthread_spin_", "lll_lock", "lll_unlock", "lll_trylock",
+)  # fmt: skip
+
+
+def plain_name(frame: str) -> str:
+    """A frame's function without leading underscores, glibc's `GI_` prefix, a symbol
+    version or an inline mark: `__GI___lll_lock_wait` -> `lll_lock_wait`."""
+    name = frame.split(" ", 1)[0].split("@", 1)[0].lstrip("_")
+    return name.removeprefix("GI_").lstrip("_")
+
+
+def is_lock_function(frame: str) -> bool:
+    """pthread_mutex_lock and the rest of the lock machinery (not pthread_mutexattr_*)."""
+    return plain_name(frame).startswith(LOCK_PREFIXES)
 
 
 @dataclass
