@@ -123,6 +123,7 @@ class RegsampleCollector(Sampler):
         self._frames: Symbolizer | None = None  # names the stacks of lock samples
         self._ustacks: dict[int, tuple[list[int], str]] = {}
         self._callers: dict[int, tuple[str, tuple[str, ...]]] = {}  # stack key -> (lock function, callers)
+        self._lock_leaf: dict[int, str | None] = {}  # IP -> its lock function, None: not in one
 
     def program(self) -> Program:
         missing = [m for m in ("capstone", "elftools") if importlib.util.find_spec(m) is None]
@@ -182,9 +183,12 @@ class RegsampleCollector(Sampler):
         if any(proc.mapping(r.ip) is None for r in raws):
             proc.refresh()  # a library loaded since
         for r in raws:
-            leaf = proc.function(r.ip)
-            if leaf is not None and is_lock_function(leaf[0]):
-                self._lock_sample(r, leaf[0])
+            if r.ip not in self._lock_leaf:
+                func = proc.function(r.ip)
+                self._lock_leaf[r.ip] = func[0] if func is not None and is_lock_function(func[0]) else None
+            leaf = self._lock_leaf[r.ip]
+            if leaf is not None:
+                self._lock_sample(r, leaf)
             if r.kernel:
                 continue  # its user registers are a syscall's or an interrupt's: no atomic stalled
             st.user += 1
@@ -231,35 +235,29 @@ class RegsampleCollector(Sampler):
 
     def _callers_of(self, key: int, leaf: str) -> tuple[str, tuple[str, ...]]:
         """(the outermost lock function, the first CALLERS frames that led to it, innermost
-        first) of user stack `key`; (`leaf`, ()) without a stack."""
+        first) of user stack `key`; (`leaf`, ()) without a stack. Only the frames up to
+        those are named (each address with what was inlined there)."""
         got = self._callers.get(key)
         if got is not None:
             return got
-        frames = self._stack(key)
-        if not frames:
+        ips = self._stack(key)
+        if not ips or self._frames is None:
             return leaf, ()
-        # a function with what was inlined into it, from the leaf up
-        groups: list[list[str]] = []
-        for f in frames:
-            if f.endswith(INLINED) and groups:
-                groups[-1].append(f)
-            else:
-                groups.append([f])
         function = leaf
         outside: list[str] = []
-        for g in reversed(groups):
-            if not outside and is_lock_function(g[0]):
-                function = g[0]
+        for i, ip in enumerate(ips):  # leaf first; every one past the leaf a return address
+            at = self._frames.frames_at(ip, caller=i > 0)  # its function, then what was inlined there
+            if not outside and is_lock_function(at[0]):
+                function = at[0]
                 continue
-            # innermost first; a marker ("[truncated]") names no caller
-            outside += [f.removesuffix(INLINED) for f in reversed(g) if not f.startswith("[")]
+            outside += [f.removesuffix(INLINED) for f in reversed(at)]
             if len(outside) >= CALLERS:
                 break
         got = self._callers[key] = (function, tuple(outside[:CALLERS]))
         return got
 
-    def _stack(self, key: int) -> list[str]:
-        """The frames, root first, of user stack `key` that oncpu.bpf.c stored; [] when none."""
+    def _stack(self, key: int) -> list[int]:
+        """The addresses, leaf first, of user stack `key` that oncpu.bpf.c stored; [] when none."""
         module = self.module
         if not key or module is None or "unwinder" not in module.shared:
             return []
@@ -268,11 +266,11 @@ class RegsampleCollector(Sampler):
         except KeyError:
             return []
         stack = unwind.read_stack(table, key, self._ustacks)
-        if not stack or not stack[0]:
+        if not stack:
             return []
         if self._frames is None:
             self._frames = Symbolizer(self.pid, module.shared["unwinder"], self.opts.inline)
-        return self._frames.unwound(*stack)
+        return stack[0]
 
     def contribute(self, profile: Profile) -> None:
         self.latest()  # adds what is new to self._state
