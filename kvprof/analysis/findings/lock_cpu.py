@@ -76,7 +76,7 @@ def describe(samples: list[LockCpuSample], exe: str = "") -> str:
     regions = {symbols[a].split(" ", 1)[0] for a in ranked}
     if len(regions) == 1 and next(iter(regions)) in ("heap", "stack"):
         return f"{plural} in {next(iter(regions))} 0x{min(ranked):x}-0x{max(ranked):x}"
-    return f"{plural}, {named(symbols[ranked[0]])} the most taken"
+    return f"{plural} ({named(symbols[ranked[0]])} and {len(ranked) - 1:,} more)"
 
 
 def _groups(rows: list[LockCpuSample]) -> dict[str, list[LockCpuSample]]:

@@ -37,7 +37,7 @@ def _measured(f: Finding) -> str:
         threads = int(k.get("threads", 0))
         return (
             f"{threads} thread{'' if threads == 1 else 's'} spent {k.get('share', 0):.1%} of the CPU samples "
-            f"in the lock and unlock calls of the {f.lock} in {f.where}"
+            f"in the lock and unlock calls of the {f.lock}, called from {f.where}"
             + (f" ({_n(k['cpu_s_per_s'] * 1e3)} ms of CPU per second)" if "cpu_s_per_s" in k else "")
             + f", {k.get('kernel_share', 0):.0%} of it in the kernel's futex calls (from sampled registers)."
         )
