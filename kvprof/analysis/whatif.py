@@ -6,7 +6,9 @@ futex: it has work in hand) or not (waiting for requests or for I/O). A fix
 removes part of a thread's busy time, `removed`: the time it waited for a
 contended lock or futex, the CPU it spent in the machinery only a contended
 lock runs at that call site (the futex calls, the wake-up an unlock owes a
-sleeper) and stalled on the lock's own word, the CPU of a function whose
+sleeper) and stalled on the lock's own word, all the CPU of the lock
+machinery at the calls that take a lock (a lock-CPU finding: a fix that takes
+it far less often does not run it), the CPU of a function whose
 shared cache line bounced, or the CPU samples stalled on an atomic write to
 a contended line. A per-thread design still does the work itself; only that
 excess goes.
