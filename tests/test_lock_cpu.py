@@ -26,6 +26,7 @@ from kvprof.analysis.whatif import GAIN_KEY, gain_if_fixed
 from kvprof.model.delta import delta
 from kvprof.model.profile import (
     AddressSample,
+    CpuStack,
     LockCpuSample,
     Profile,
     SampledAddresses,
@@ -167,6 +168,20 @@ def test_lock_cpu_finding_names_the_lock_and_its_taker() -> None:
     assert f.cost["kernel_share"] == pytest.approx(0.25) and f.cost["unlock_share"] == pytest.approx(0.25)
     assert f.cost[GAIN_KEY] > 0
     assert "Up to 2 threads took the same lock" in f.explanation
+
+
+def test_lock_functions_attributed_to_their_locks_are_no_hot_function() -> None:
+    """pthread_mutex_lock hot as a leaf is not a `hot function` finding of its own once its
+    samples were given to their lock; another hot leaf still is."""
+    p = _profile(TWO_THREADS)
+    p.oncpu = [
+        CpuStack(1, ["serve", "update_stats", "pthread_mutex_lock"], 60),
+        CpuStack(1, ["serve", "parse"], 60),
+        CpuStack(2, ["serve", "other_fn", "__lll_lock_wake"], 10),
+    ]
+    ids = {f.id for f in find(p)}
+    assert "cpu:parse" in ids and "cpu:pthread_mutex_lock" not in ids
+    assert "cpu:__lll_lock_wake" in ids  # no lock sample had it as its leaf
 
 
 def test_many_locks_of_one_taker_are_named_by_their_region() -> None:
