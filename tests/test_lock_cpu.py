@@ -206,6 +206,26 @@ def test_many_locks_of_one_taker_are_named_by_their_region() -> None:
     )  # no symbol: no object
 
 
+def test_an_array_of_locks_taken_in_several_functions_is_one_finding() -> None:
+    """Heap locks whose address ranges interleave (an array sampled at different elements from
+    each caller) make one finding, named after the function that takes them most; a lock
+    elsewhere in the heap stays apart."""
+
+    def at(i: int) -> tuple[int, str]:
+        return 0x9000 + 40 * i, f"heap 0x{0x9000 + 40 * i:x}"
+
+    rows = [
+        *(_sample(1, *at(i), "pthread_mutex_lock", ["item_get"], 5) for i in (0, 4, 8)),
+        *(_sample(2, *at(i), "pthread_mutex_trylock", ["item_bump"], 3) for i in (2, 6)),
+        *(_sample(1, *at(i), "pthread_mutex_unlock", ["item_put"], 9) for i in (1, 7)),
+        _sample(2, 0x40000, "heap 0x40000", "pthread_mutex_lock", ["stats_add"], 4),
+    ]
+    found = {f.where: f for f in find(_profile(rows)) if f.id.startswith(ID_PREFIX)}
+    assert set(found) == {"item_get", "stats_add"}
+    assert found["item_get"].title.startswith("7 mutexes in heap 0x9000-0x9140 taken in item_get: ")
+    assert set(found["item_get"].sites) == {"item_get", "item_bump", "item_put"}
+
+
 def test_unknown_caller_and_no_samples() -> None:
     """Without stacks the finding still names the lock; without lock samples there is none."""
     p = _profile([_sample(1, LOCK, "big_lock", "pthread_mutex_lock", [], 10)])

@@ -65,11 +65,9 @@ def describe(samples: list[LockCpuSample], exe: str = "") -> str:
     if len(ranked) == 1:
         return f"{noun} {named(symbols[ranked[0]])}"
     plural = f"{len(ranked):,} {noun}es" if noun == "mutex" else f"{len(ranked):,} {noun}s"
-    bases = {symbols[a].split("+", 1)[0] for a in ranked}
-    base = next(iter(bases))
-    module = base == os.path.basename(exe) or ".so" in base or base.startswith(("heap ", "stack "))
-    if len(bases) == 1 and not module:  # one object: an array of locks, a struct of them
-        return f"{plural} in `{base}`"
+    objects = {_object(symbols[a], exe) for a in ranked}
+    if len(objects) == 1 and "" not in objects:  # one object: an array of locks, a struct of them
+        return f"{plural} in `{next(iter(objects))}`"
     if len(ranked) <= LOCKS_NAMED:
         names = [named(symbols[a]) for a in ranked]
         return f"{plural}: {', '.join(names[:-1])} and {names[-1]}"
@@ -79,25 +77,73 @@ def describe(samples: list[LockCpuSample], exe: str = "") -> str:
     return f"{plural} ({named(symbols[ranked[0]])} and {len(ranked) - 1:,} more)"
 
 
-def _groups(rows: list[LockCpuSample]) -> dict[str, list[LockCpuSample]]:
-    """The samples by the function that takes their lock: each lock goes to the most
-    frequent caller of its acquisitions (of all its calls when none was sampled)."""
+def _object(symbol: str, exe: str) -> str:
+    """The data object a lock lies in, by its symbol (`item_locks+0x28` -> `item_locks`);
+    "" for an address in memory or in a module's data without a symbol."""
+    base = symbol.split("+", 1)[0]
+    if base.startswith(("heap ", "stack ")) or base == os.path.basename(exe) or ".so" in base:
+        return ""
+    return base
+
+
+def _groups(rows: list[LockCpuSample], exe: str = "") -> dict[str, list[LockCpuSample]]:
+    """The samples by the function that takes their locks. Each lock goes to the most
+    frequent caller of its acquisitions (of all its calls when none was sampled); the locks
+    of one object then make one group, whichever functions take them: those of one data
+    symbol, and heap locks whose ranges of addresses overlap (an array of locks, such as a
+    hash table's, whose sampled elements differ from caller to caller). A group is named
+    after its function with the most samples taking them."""
     takes: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for s in rows:
         calls[s.address][site(s)] += s.count
         if not _releases(s):
             takes[s.address][site(s)] += s.count
-    out: dict[str, list[LockCpuSample]] = defaultdict(list)
+    by_taker: dict[str, list[LockCpuSample]] = defaultdict(list)
     for s in rows:
         by = takes.get(s.address) or calls[s.address]
-        out[max(by, key=lambda c: (by[c], c))].append(s)
+        by_taker[max(by, key=lambda c: (by[c], c))].append(s)
+    groups = list(by_taker.values())
+    merged = True
+    while merged:  # a handful of groups: merge pairs until none is left to merge
+        merged = False
+        for i, a in enumerate(groups):
+            for j in range(i + 1, len(groups)):
+                if _same_object(a, groups[j], exe):
+                    groups[i] = a + groups.pop(j)
+                    merged = True
+                    break
+            if merged:
+                break
+    out: dict[str, list[LockCpuSample]] = {}
+    for g in groups:
+        counts: dict[str, int] = defaultdict(int)
+        for s in g:
+            counts[site(s)] += s.count if not _releases(s) else 0
+        if not any(counts.values()):
+            for s in g:
+                counts[site(s)] += s.count
+        out[max(counts, key=lambda c: (counts[c], c))] = g
     return out
+
+
+def _span(g: list[LockCpuSample]) -> tuple[int, int] | None:
+    """The range of a group's heap locks, when it has two or more."""
+    heap = {s.address for s in g if s.symbol.startswith("heap ")}
+    return (min(heap), max(heap)) if len(heap) >= 2 else None
+
+
+def _same_object(a: list[LockCpuSample], b: list[LockCpuSample], exe: str) -> bool:
+    objects = {o for s in a if (o := _object(s.symbol, exe))}
+    if objects & {o for s in b if (o := _object(s.symbol, exe))}:
+        return True
+    sa, sb = _span(a), _span(b)
+    return sa is not None and sb is not None and sa[0] <= sb[1] and sb[0] <= sa[1]
 
 
 def lock_addresses(p: Profile, f: Finding) -> set[int]:
     """The locks of a lock-CPU finding."""
-    return {s.address for s in _groups(p.addresses.locks).get(f.where, [])}
+    return {s.address for s in _groups(p.addresses.locks, p.target.exe).get(f.where, [])}
 
 
 def _share(part: int, whole: int) -> float:
@@ -113,7 +159,7 @@ def lock_cpu_findings(c: Context) -> list[Finding]:
         return []
     hz = c.p.hz
     out: list[Finding] = []
-    for taker, samples in _groups(rows).items():
+    for taker, samples in _groups(rows, c.p.target.exe).items():
         n = sum(s.count for s in samples)
         share = n / all_samples
         if share < c.t.lock_cpu_info:
