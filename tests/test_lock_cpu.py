@@ -201,9 +201,13 @@ def test_many_locks_of_one_taker_are_named_by_their_region() -> None:
         _sample(1, 0x4E2A8 + 8 * i, f"prog+0x{0x4E2A8 + 8 * i:x}", "pthread_mutex_lock", ["f"], 5)
         for i in range(2)
     ]
-    assert (
-        describe(data, "/usr/bin/prog") == "2 mutexes: `prog+0x4e2a8` and `prog+0x4e2b0`"
-    )  # no symbol: no object
+    # no symbol: no object; a few are listed, more are a range of the module's data
+    assert describe(data, "/usr/bin/prog") == "2 mutexes: `prog+0x4e2a8` and `prog+0x4e2b0`"
+    more = [
+        _sample(1, 0x4E2A8 + 40 * i, f"prog+0x{0x4E2A8 + 40 * i:x}", "pthread_mutex_lock", ["f"], 5)
+        for i in range(5)
+    ]
+    assert describe(more, "/usr/bin/prog") == "5 mutexes in prog+0x4e2a8-0x4e348"
 
 
 def test_an_array_of_locks_taken_in_several_functions_is_one_finding() -> None:
@@ -326,5 +330,5 @@ def test_debian_memcached_mutex_cpu_is_a_finding(
     assert found, [(f.id, f.title) for f in p.findings]
     for f in found:
         assert f.where != UNKNOWN_CALLER and not is_lock_function(f.where), f.title
-        assert re.search(r"(heap|stack) 0x[0-9a-f]+|`", f.lock), f.lock
+        assert re.search(r"(heap|stack) 0x[0-9a-f]+|`|\+0x[0-9a-f]+", f.lock), f.lock  # symbol or address
         assert f.title.startswith(f.lock + " taken in " + f.where + ": ")

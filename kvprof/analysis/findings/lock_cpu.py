@@ -71,10 +71,20 @@ def describe(samples: list[LockCpuSample], exe: str = "") -> str:
     if len(ranked) <= LOCKS_NAMED:
         names = [named(symbols[a]) for a in ranked]
         return f"{plural}: {', '.join(names[:-1])} and {names[-1]}"
-    regions = {symbols[a].split(" ", 1)[0] for a in ranked}
-    if len(regions) == 1 and next(iter(regions)) in ("heap", "stack"):
-        return f"{plural} in {next(iter(regions))} 0x{min(ranked):x}-0x{max(ranked):x}"
+    regions = {_region(symbols[a]) for a in ranked}
+    region = next(iter(regions))
+    if len(regions) == 1 and region in ("heap", "stack"):
+        return f"{plural} in {region} 0x{min(ranked):x}-0x{max(ranked):x}"
+    if len(regions) == 1 and objects == {""}:  # a module's data without symbols: its offsets
+        offsets = [int(symbols[a].split("+0x", 1)[1], 16) for a in ranked if "+0x" in symbols[a]]
+        if len(offsets) == len(ranked):
+            return f"{plural} in {region}+0x{min(offsets):x}-0x{max(offsets):x}"
     return f"{plural} ({named(symbols[ranked[0]])} and {len(ranked) - 1:,} more)"
+
+
+def _region(symbol: str) -> str:
+    """`heap`, `stack`, or the module (`memcached+0x4e320` -> `memcached`)."""
+    return symbol.split(" ", 1)[0].split("+", 1)[0]
 
 
 def _object(symbol: str, exe: str) -> str:
@@ -90,8 +100,9 @@ def _groups(rows: list[LockCpuSample], exe: str = "") -> dict[str, list[LockCpuS
     """The samples by the function that takes their locks. Each lock goes to the most
     frequent caller of its acquisitions (of all its calls when none was sampled); the locks
     of one object then make one group, whichever functions take them: those of one data
-    symbol, and heap locks whose ranges of addresses overlap (an array of locks, such as a
-    hash table's, whose sampled elements differ from caller to caller). A group is named
+    symbol, and locks without one (in the heap, or in a module's data) whose ranges of
+    addresses overlap (an array of locks, such as a hash table's, whose sampled elements
+    differ from caller to caller). A group is named
     after its function with the most samples taking them."""
     takes: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -127,18 +138,22 @@ def _groups(rows: list[LockCpuSample], exe: str = "") -> dict[str, list[LockCpuS
     return out
 
 
-def _span(g: list[LockCpuSample]) -> tuple[int, int] | None:
-    """The range of a group's heap locks, when it has two or more."""
-    heap = {s.address for s in g if s.symbol.startswith("heap ")}
-    return (min(heap), max(heap)) if len(heap) >= 2 else None
+def _spans(g: list[LockCpuSample], exe: str) -> dict[str, tuple[int, int]]:
+    """The range of a group's locks without a data symbol, per region (`heap`, `stack`, or
+    the module whose data holds them), where it has two or more."""
+    by_region: dict[str, set[int]] = defaultdict(set)
+    for s in g:
+        if not _object(s.symbol, exe):
+            by_region[_region(s.symbol)].add(s.address)
+    return {r: (min(a), max(a)) for r, a in by_region.items() if len(a) >= 2}
 
 
 def _same_object(a: list[LockCpuSample], b: list[LockCpuSample], exe: str) -> bool:
     objects = {o for s in a if (o := _object(s.symbol, exe))}
     if objects & {o for s in b if (o := _object(s.symbol, exe))}:
         return True
-    sa, sb = _span(a), _span(b)
-    return sa is not None and sb is not None and sa[0] <= sb[1] and sb[0] <= sa[1]
+    sa, sb = _spans(a, exe), _spans(b, exe)
+    return any(r in sb and sa[r][0] <= sb[r][1] and sb[r][0] <= sa[r][1] for r in sa)
 
 
 def lock_addresses(p: Profile, f: Finding) -> set[int]:
