@@ -228,6 +228,7 @@ def test_an_array_of_locks_taken_in_several_functions_is_one_finding() -> None:
     assert set(found) == {"item_get", "stats_add"}
     assert found["item_get"].title.startswith("7 mutexes in heap 0x9000-0x9140 taken in item_get: ")
     assert set(found["item_get"].sites) == {"item_get", "item_bump", "item_put"}
+    assert "too few samples to say whether threads share it" in found["item_get"].explanation
 
 
 def test_unknown_caller_and_no_samples() -> None:
@@ -235,6 +236,7 @@ def test_unknown_caller_and_no_samples() -> None:
     p = _profile([_sample(1, LOCK, "big_lock", "pthread_mutex_lock", [], 10)])
     (f,) = [f for f in find(p) if f.id.startswith(ID_PREFIX)]
     assert f.where == UNKNOWN_CALLER and "`big_lock`" in f.title
+    assert "Each lock was taken by one thread only" in f.explanation  # 10 samples, all of one thread
     assert not [f for f in find(_profile([])) if f.id.startswith(ID_PREFIX)]
 
 

@@ -27,6 +27,7 @@ from kvprof.model.profile import Finding, LockCpuSample, Profile
 ID_PREFIX = "lock-cpu:"
 UNKNOWN_CALLER = "an unknown caller"  # no stack came with the samples (no oncpu collector)
 LOCKS_NAMED = 3  # a finding over more locks than this names the first and says how many
+SHARING_SAMPLES = 4  # samples of each lock from which one thread alone is said to take it
 
 
 def site(s: LockCpuSample) -> str:
@@ -203,6 +204,10 @@ def lock_cpu_findings(c: Context) -> list[Finding]:
         what = describe(samples, c.p.target.exe)
         sites = sorted(by_site, key=lambda x: (-by_site[x], x))
         sharers = max(len(t) for t in threads_of.values())
+        per_lock: dict[int, int] = defaultdict(int)
+        for x in samples:
+            per_lock[x.address] += x.count
+        seen_enough = min(per_lock.values()) >= SHARING_SAMPLES
         cpu_s = sum(r["cpu_s_per_s"] for r in per_thread.values())
         out.append(
             c.finding(
@@ -226,7 +231,9 @@ def lock_cpu_findings(c: Context) -> list[Finding]:
                     "sharers": float(sharers),
                 },
                 per_socket=per_socket,
-                explanation=_why(c, what, taker, sites, per_thread, n, unlock, kernel, sharers),
+                explanation=_why(
+                    c, what, taker, sites, per_thread, (n, unlock, kernel), sharers, seen_enough
+                ),
                 advice=(
                     "Take the lock less often (batch the work under one acquisition), split it per "
                     "thread or per stripe, or replace the data it guards with per-thread copies "
@@ -243,11 +250,11 @@ def _why(
     taker: str,
     sites: list[str],
     per_thread: dict[str, dict[str, float]],
-    n: int,
-    unlock: int,
-    kernel: int,
+    counts: tuple[int, int, int],
     sharers: int,
+    seen_enough: bool,
 ) -> str:
+    n, unlock, kernel = counts
     tids = list(per_thread)
     names = [f"{c.names[t]} ({t})" if c.names.get(t) else f"tid {t}" for t in tids[:THREADS_NAMED]]
     who = ", ".join(names) + (f" and {len(tids) - THREADS_NAMED} more" if len(tids) > THREADS_NAMED else "")
@@ -258,11 +265,13 @@ def _why(
         f"{_share(kernel, n):.0%} in the kernel (the futex calls that put a waiter to sleep and wake it)."
         + (f" Called from {taker}" + (f", {', '.join(others[:3])}" if others else "") + ".")
     )
-    if sharers <= 1:
+    if sharers <= 1 and seen_enough:
         s += (
             " Each lock was taken by one thread only: the cost is the atomic operations of "
             "locking, not waiting for another thread."
         )
+    elif sharers <= 1:
+        s += " Each lock had too few samples to say whether threads share it."
     else:
         s += (
             f" Up to {sharers} threads took the same lock: each acquisition pulls its cache line "
