@@ -28,13 +28,14 @@ int kv_cpu_clock(struct kv_perf_event_data *ctx)
     u64 id = bpf_get_current_pid_tgid();
     if (!kv_is_target(id))
         return 0;
+    u64 ustack = 0;  // the user stack oncpu took at this sample: regsample keeps it with the registers
 #ifdef KV_CLOCK_ONCPU
     if (kv_clock_runs(KV_CLOCK_ONCPU))
-        oncpu_sample(ctx, id);
+        ustack = oncpu_sample(ctx, id);
 #endif
 #ifdef KV_CLOCK_REGSAMPLE
     if (kv_clock_runs(KV_CLOCK_REGSAMPLE))
-        regsample_sample(ctx, id);
+        regsample_sample(ctx, id, ustack);
 #endif
     return 0;
 }

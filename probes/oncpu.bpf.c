@@ -39,10 +39,11 @@ BPF_STACK_TRACE(oncpu_stacks, STACK_STORAGE);
 BPF_HASH(oncpu_comms, u32, struct oncpu_comm, MAX_ENTRIES);
 BPF_PERCPU_ARRAY(oncpu_health, u64, ONCPU_HEALTH);
 
-static __always_inline void oncpu_sample(struct kv_perf_event_data *ctx, u64 id)
+// Returns the sample's user stack key (0: none), for regsample (clock.bpf.c).
+static __always_inline u64 oncpu_sample(struct kv_perf_event_data *ctx, u64 id)
 {
     if (!unw_tables_ready())
-        return;
+        return 0;
 
     struct oncpu_key key = {};
     key.tid = (u32)id;
@@ -75,4 +76,5 @@ static __always_inline void oncpu_sample(struct kv_perf_event_data *ctx, u64 id)
     bpf_get_current_comm(&comm.name, sizeof(comm.name));
     if (oncpu_comms.update(&key.tid, &comm))
         kv_add_percpu(oncpu_health.lookup(KV_IDX(ONCPU_COMM_FULL)), 1);
+    return key.user_stack;
 }

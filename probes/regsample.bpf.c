@@ -10,10 +10,14 @@
 // When the sample interrupted user mode, ctx->regs are the target's user
 // registers: the loader decodes the instruction at (and just before) the IP
 // and computes a locked instruction's data address from them. A sample taken
-// in kernel mode only counts for its thread (its user registers are behind
-// kernel structs, which this program never dereferences).
+// in kernel mode keeps the user registers the thread entered the kernel with
+// (the task's saved pt_regs, whose layout the x86-64 ABI fixes, as
+// probes/unwind.h reads them): inside a syscall they are its arguments, so the
+// loader can say which mutex a futex call under pthread_mutex_lock acts on.
+// Each slot also keeps the user stack oncpu.bpf.c took at the same sample (its
+// key in `ustacks`; 0 when oncpu is not in the module), which names the caller.
 //
-// The ring: `regsample_seq` numbers every user-mode sample; sample n goes to
+// The ring: `regsample_seq` numbers every sample; sample n goes to
 // slot n % RING and its `seq` field is written last, as n + 1, so a reader
 // takes a slot only when that field says it holds the sample it expects. A
 // reader that falls more than RING behind (or reads once, at the end of a
@@ -30,13 +34,16 @@ struct regsample_slot {
     u64 seq;  // n + 1 once complete, 0 while never written
     u32 tid;
     u32 cpu;
+    u64 ustack;  // the sample's user stack in `ustacks` (oncpu.bpf.c), 0: none
+    u32 kernel;  // 1: taken in kernel mode (the registers are those the thread entered it with)
+    u32 pad;
     u64 ip;
     u64 regs[16];  // ax bx cx dx si di bp sp r8 .. r15
 };
 
 struct regsample_thread {
-    u64 user;    // samples in user mode (each one went to the ring)
-    u64 kernel;  // samples in kernel mode (no user registers)
+    u64 user;    // samples in user mode
+    u64 kernel;  // samples in kernel mode
 };
 
 enum regsample_health {
@@ -50,7 +57,30 @@ BPF_ARRAY(regsample_seq, u64, 1);
 BPF_HASH(regsample_threads, u32, struct regsample_thread, REGSAMPLE_THREADS);
 BPF_PERCPU_ARRAY(regsample_health, u64, REGSAMPLE_HEALTH);
 
-static __always_inline void regsample_sample(struct kv_perf_event_data *ctx, u64 id)
+// Inlined at each call: the verifier wants the context's fields and the stack's
+// read by different instructions.
+static __always_inline void regsample_fill(struct regsample_slot *s, struct pt_regs *r)
+{
+    s->ip = r->ip;
+    s->regs[0] = r->ax;
+    s->regs[1] = r->bx;
+    s->regs[2] = r->cx;
+    s->regs[3] = r->dx;
+    s->regs[4] = r->si;
+    s->regs[5] = r->di;
+    s->regs[6] = r->bp;
+    s->regs[7] = r->sp;
+    s->regs[8] = r->r8;
+    s->regs[9] = r->r9;
+    s->regs[10] = r->r10;
+    s->regs[11] = r->r11;
+    s->regs[12] = r->r12;
+    s->regs[13] = r->r13;
+    s->regs[14] = r->r14;
+    s->regs[15] = r->r15;
+}
+
+static __always_inline void regsample_sample(struct kv_perf_event_data *ctx, u64 id, u64 ustack)
 {
     kv_add_percpu(regsample_health.lookup(KV_IDX(REGSAMPLE_SAMPLES)), 1);
     u32 tid = (u32)id;
@@ -64,7 +94,8 @@ static __always_inline void regsample_sample(struct kv_perf_event_data *ctx, u64
         __sync_fetch_and_add(&t->user, 1);
     else
         __sync_fetch_and_add(&t->kernel, 1);
-    if (!user)
+    struct pt_regs saved = {};
+    if (!user && bpf_probe_read_kernel(&saved, sizeof(saved), (void *)bpf_task_pt_regs(bpf_get_current_task_btf())))
         return;
 
     int zero_idx = 0;
@@ -79,23 +110,12 @@ static __always_inline void regsample_sample(struct kv_perf_event_data *ctx, u64
     s->seq = 0;
     s->tid = tid;
     s->cpu = bpf_get_smp_processor_id();
-    s->ip = ctx->regs.ip;
-    s->regs[0] = ctx->regs.ax;
-    s->regs[1] = ctx->regs.bx;
-    s->regs[2] = ctx->regs.cx;
-    s->regs[3] = ctx->regs.dx;
-    s->regs[4] = ctx->regs.si;
-    s->regs[5] = ctx->regs.di;
-    s->regs[6] = ctx->regs.bp;
-    s->regs[7] = ctx->regs.sp;
-    s->regs[8] = ctx->regs.r8;
-    s->regs[9] = ctx->regs.r9;
-    s->regs[10] = ctx->regs.r10;
-    s->regs[11] = ctx->regs.r11;
-    s->regs[12] = ctx->regs.r12;
-    s->regs[13] = ctx->regs.r13;
-    s->regs[14] = ctx->regs.r14;
-    s->regs[15] = ctx->regs.r15;
+    s->ustack = ustack;
+    s->kernel = !user;
+    if (user)
+        regsample_fill(s, &ctx->regs);
+    else
+        regsample_fill(s, &saved);
     barrier();  // x86 keeps stores in order; the compiler must too
     s->seq = mine + 1;
 }

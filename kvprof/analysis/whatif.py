@@ -8,7 +8,9 @@ contended lock or futex, the time it held a shared lock beyond the critical
 section's own work (kvcached's sampled holds past the shortest one: the
 lines that moved in and the hand-off), the CPU it spent in the machinery only a contended
 lock runs at that call site (the futex calls, the wake-up an unlock owes a
-sleeper) and stalled on the lock's own word, the CPU of a function whose
+sleeper) and stalled on the lock's own word, all the CPU of the lock
+machinery at the calls that take a lock (a lock-CPU finding: a fix that takes
+it far less often does not run it), the CPU of a function whose
 shared cache line bounced, or the CPU samples stalled on an atomic write to
 a contended line. A per-thread design still does the work itself; only that
 excess goes.
@@ -38,6 +40,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from kvprof.analysis.findings.common import GAIN_KEY, THRESHOLDS
+from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
+from kvprof.analysis.findings.lock_cpu import lock_addresses
 from kvprof.analysis.hotspots import normalize
 from kvprof.analysis.lines import LINE, line_table
 from kvprof.analysis.tables import locks, seconds
@@ -201,7 +205,9 @@ class Stacks:
 
 
 def lock_lines(p: Profile, f: Finding) -> set[int]:
-    """The cache lines of the lock words behind a lock or futex finding (none for others)."""
+    """The cache lines of the lock words behind a lock, lock-CPU or futex finding (none for others)."""
+    if f.id.startswith(LOCK_CPU):
+        return {a & ~(LINE - 1) for a in lock_addresses(p, f)}
     if f.id.startswith("futex:"):
         return {int(f.id.split(":", 1)[1], 16) & ~(LINE - 1)}
     if f.category == "lock":
@@ -239,12 +245,20 @@ def modelled(f: Finding) -> bool:
     return f.category in ("lock", "cacheline") or f.id.startswith("futex:")
 
 
-def removed(p: Profile, f: Finding, stacks: Stacks) -> dict[str, float]:
-    """Per thread, the share of the wall time fixing `f` would remove."""
+def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[str, float]:
+    """Per thread, the share of the wall time fixing `f` would remove (without `cpu`, a
+    lock's or futex's wait alone: its lock-CPU finding has the CPU of its machinery)."""
     out: dict[str, float] = defaultdict(float)
-    if f.category == "lock" or f.id.startswith("futex:"):
+    if f.id.startswith(LOCK_CPU):
+        # the lock machinery's CPU at the calls that take it: a fix that takes it less
+        # often, or not at all, does not run it
+        for tid, row in f.per_thread.items():
+            out[tid] += row.get("cpu_s_per_s", 0.0)
+    elif f.category == "lock" or f.id.startswith("futex:"):
         for tid, row in f.per_thread.items():
             out[tid] += row.get("wait_share", 0.0)
+        if not cpu:
+            return dict(out)
         for tid, share in stacks.cpu(f.sites, lock_only=True).items():
             out[tid] += share
         # taking a lock another core took last stalls on its word's line: the sampled
@@ -290,11 +304,14 @@ def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
     """The gain of fixing `findings` together: their removed times summed per thread."""
     b, stacks = budget(p), Stacks(p)
     words = {line for f in findings for line in lock_lines(p, f)}
+    cpu_words = {line for f in findings if f.id.startswith(LOCK_CPU) for line in lock_lines(p, f)}
     total: dict[str, float] = defaultdict(float)
     for f in findings:
         if _line_of(f) in words:
             continue  # a lock word's stalls: in its lock's finding
-        for tid, r in removed(p, f, stacks).items():
+        # a lock whose machinery's CPU a lock-CPU finding has: its wait alone
+        cpu = f.id.startswith(LOCK_CPU) or not lock_lines(p, f) & cpu_words
+        for tid, r in removed(p, f, stacks, cpu).items():
             total[tid] += r
     return gain(b, total)
 

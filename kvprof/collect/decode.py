@@ -31,6 +31,7 @@ import capstone
 from capstone import x86
 
 from kvprof.collect.debuginfo import FileMap, ProcessSymbols
+from kvprof.collect.lockarg import MAX_FUNCTION, LockArg
 
 # Register order of `struct sample_t.regs` in probes/regsample.bpf.c.
 REGS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
@@ -141,6 +142,8 @@ class Process:
         self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._functions: dict[int, dict[int, int]] = {}
         self._decoded: dict[int, Decoded] = {}
+        self._lockarg = LockArg()
+        self._lock_regs: dict[int, int | None] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -179,6 +182,26 @@ class Process:
         m = self.mapping(addr)
         kind = "heap" if m is None or m.path in ("", "[heap]") else m.path.strip("[]").split(":")[0]
         return f"{kind} 0x{addr:x}"
+
+    def lock_register(self, ip: int) -> int | None:
+        """The index (REGS order) of a register holding the first argument of the lock
+        function at `ip` when the instruction there is about to run (kvprof.collect.lockarg);
+        None when the function is unknown or the analysis lost it there."""
+        if ip in self._lock_regs:
+            return self._lock_regs[ip]
+        found = None
+        func = self.function(ip)
+        if func is not None:
+            _, start, size = func
+            code = self.read(start, min(size or MAX_FUNCTION, MAX_FUNCTION))
+            try:
+                regs = self._lockarg.registers(code, start, ip)
+            except (capstone.CsError, ValueError):
+                regs = None
+            if regs:
+                found = min(REGS.index(r) for r in regs)
+        self._lock_regs[ip] = found
+        return found
 
     def decode(self, ip: int) -> Decoded:
         """What the sample at `ip` touched; decoded once per distinct IP."""

@@ -20,6 +20,7 @@ from kvprof.model.profile import (
     CpuStack,
     FutexWait,
     LineThread,
+    LockCpuSample,
     LockHold,
     LockStack,
     LockStat,
@@ -191,8 +192,13 @@ def _addresses(new: SampledAddresses, old: SampledAddresses) -> SampledAddresses
     def key(s: AddressSample) -> tuple[int, int, int, int]:
         return (s.tid, s.cpu, s.ip, s.address)
 
+    def lock_key(s: LockCpuSample) -> tuple[int, int, str, str, tuple[str, ...], bool]:
+        return (s.tid, s.address, s.function, s.leaf, tuple(s.callers), s.kernel)
+
     before = {key(s): s.count for s in old.samples}
     samples = [replace(s, count=s.count - before.get(key(s), 0)) for s in new.samples]
+    locks_before = {lock_key(s): s.count for s in old.locks}
+    locks = [replace(s, count=s.count - locks_before.get(lock_key(s), 0)) for s in new.locks]
     return SampledAddresses(
         samples=[s for s in samples if s.count > 0],
         thread_samples={
@@ -208,6 +214,8 @@ def _addresses(new: SampledAddresses, old: SampledAddresses) -> SampledAddresses
             if n - old.unattributed.get(r, 0)
         },
         lost=new.lost - old.lost,
+        locks=[s for s in locks if s.count > 0],
+        lock_unattributed=new.lock_unattributed - old.lock_unattributed,
     )
 
 

@@ -213,15 +213,33 @@ class AddressSample:
 
 
 @dataclass
+class LockCpuSample:
+    """On-CPU samples in the lock machinery (pthread_mutex_lock, the unlock, the
+    futex calls under them) acting on one lock, from one thread and one caller
+    (the `regsample` collector)."""
+
+    tid: int
+    address: int  # the lock (a mutex's address is its lock word's)
+    symbol: str  # data symbol: "big_lock", "stats+0x8", "heap 0x55d0c0a0"
+    function: str  # the lock function called: the outermost lock frame ("pthread_mutex_lock")
+    leaf: str  # where the sample was: the innermost one ("__lll_lock_wait")
+    callers: list[str]  # the frames that called it, innermost first (a few); [] when no stack said
+    kernel: bool  # in the kernel, under the lock function (the futex syscall)
+    count: int
+
+
+@dataclass
 class SampledAddresses:
     """What the `regsample` collector saw: kvprof.analysis.lines folds it into cache lines."""
 
     samples: list[AddressSample] = field(default_factory=list)
     thread_samples: dict[str, int] = field(default_factory=dict)  # tid -> all its on-CPU samples
-    user_samples: int = 0  # samples taken in user mode (with registers)
-    kernel_samples: int = 0  # samples taken in kernel mode (no user registers)
+    user_samples: int = 0  # samples taken in user mode
+    kernel_samples: int = 0  # samples taken in kernel mode
     unattributed: dict[str, int] = field(default_factory=dict)  # reason -> samples
     lost: int = 0  # overwritten in the ring before they were read
+    locks: list[LockCpuSample] = field(default_factory=list)  # samples in lock functions, by lock
+    lock_unattributed: int = 0  # samples in lock functions whose lock the registers did not give
 
 
 @dataclass
@@ -294,7 +312,13 @@ def _overhead(d: dict[str, Any]) -> Overhead:
 
 
 def _addresses(d: dict[str, Any]) -> SampledAddresses:
-    return SampledAddresses(**{**d, "samples": [AddressSample(**s) for s in d.get("samples", [])]})
+    return SampledAddresses(
+        **{
+            **d,
+            "samples": [AddressSample(**s) for s in d.get("samples", [])],
+            "locks": [LockCpuSample(**s) for s in d.get("locks", [])],
+        }
+    )
 
 
 @dataclass

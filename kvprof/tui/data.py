@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from kvprof.analysis import ceilings, rows
 from kvprof.analysis.findings import find, summary
 from kvprof.analysis.findings.common import GAIN_KEY
+from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.hotspots import label, match_function, match_lock
 from kvprof.analysis.lines import kind, line_table
 from kvprof.analysis.rows import LockRow, RequestRow, SiteRow, SiteThreadRow, ThreadRow
@@ -315,6 +316,11 @@ def cost_line(f: Finding) -> str:
 def _cost_line(f: Finding) -> str:
     k = f.cost
     site = f.sites[0] if f.sites else f.where
+    if f.id.startswith(LOCK_CPU):
+        return (
+            f"{f.where} — {f.lock}: {pct(k.get('share', 0))} of CPU samples in lock/unlock, "
+            f"{pct(k.get('kernel_share', 0))} of that in the kernel"
+        )
     if f.category == "lock":
         threads = int(k.get("threads", 0))
         who = "1 thread's" if threads == 1 else f"{threads} threads'"

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from kvprof.analysis import ceilings
 from kvprof.analysis.findings import find, summary
+from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.hotspots import label
 from kvprof.analysis.lines import kind, line_row, line_table, unattributed
 from kvprof.analysis.own_cost import own_cost
@@ -278,6 +279,11 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("share_of_thread", "% thread", 100.0),
         ("cpu_s_per_s", "CPU %", 100.0),
     ],
+    "lock-cpu": [
+        ("samples", "samples", 1.0),
+        ("share_of_thread", "% thread", 100.0),
+        ("cpu_s_per_s", "CPU %", 100.0),
+    ],
     "futex": WAIT_COLUMNS,
     "offcpu": [("offcpu_ms_per_s", "off-CPU ms/s", 1.0), ("wall_share", "% time", 100.0)],
 }
@@ -292,7 +298,9 @@ def _finding_lines(i: int, f: Finding, many_sockets: bool) -> list[str]:
         # info findings are context, not problems: what and how much only
         return lines
     kind = (
-        "futex"
+        "lock-cpu"
+        if f.id.startswith(LOCK_CPU)
+        else "futex"
         if f.id.startswith("futex:")
         else "sampled-line"
         if f.id.startswith("sampled-line:")

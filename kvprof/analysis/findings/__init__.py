@@ -10,7 +10,8 @@ thresholds in `Thresholds` say what each module reports at all and with
 which measurements; docs/report.md has the rule.
 
 One module per category, each a function from the window's `Context` to
-its findings: `locks` (kvs lock probes), `sites` (cache lines of the kvs
+its findings: `locks` (kvs lock probes), `lock_cpu` (the CPU of the lock
+machinery, by lock and caller, from sampled registers), `sites` (cache lines of the kvs
 atomic probe), `cpu` (catalog functions and hot leaves), `offcpu` (futexes
 and blocking waits); the cache lines from sampled registers are
 kvprof.analysis.lines'. `common` has the thresholds and what every rule
@@ -32,6 +33,7 @@ from __future__ import annotations
 from kvprof.analysis import ceilings
 from kvprof.analysis.findings.common import THRESHOLDS, Context, Thresholds, rank_key
 from kvprof.analysis.findings.cpu import cpu_findings, fold_cpu
+from kvprof.analysis.findings.lock_cpu import lock_cpu_findings
 from kvprof.analysis.findings.locks import lock_findings
 from kvprof.analysis.findings.offcpu import offcpu_findings
 from kvprof.analysis.findings.probe_effect import flag_probe_effect
@@ -49,6 +51,7 @@ def find(profile: Profile, thresholds: Thresholds = THRESHOLDS) -> list[Finding]
     c = Context(profile, thresholds)
     findings = [
         *lock_findings(c),
+        *lock_cpu_findings(c),
         *site_findings(c),
         *line_findings(profile, skip_functions={cl.site for cl in profile.cachelines}),
         *cpu_findings(c),

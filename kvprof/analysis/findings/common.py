@@ -39,6 +39,11 @@ class Thresholds:
     hot_function_warning: float = 0.25
     hot_function_info: float = 0.05
     hot_functions_max: int = 3
+    # the lock machinery's CPU (pthread_mutex_lock, unlock, the futex calls) of the locks one
+    # function takes: share of all CPU samples
+    lock_cpu_critical: float = 0.20
+    lock_cpu_warning: float = 0.05
+    lock_cpu_info: float = 0.01
     # futexes that are not a kvs lock: share of the waiting threads' wall time
     futex_critical_share: float = 0.20
     futex_warning_share: float = 0.02

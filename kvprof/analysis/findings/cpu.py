@@ -87,13 +87,15 @@ def _catalog_findings(s: _Samples, matched: dict[str, Hotspot]) -> list[Finding]
 
 
 def _hot_leaf_findings(s: _Samples, matched: dict[str, Hotspot]) -> list[Finding]:
-    """The few hottest leaves that are not catalog functions."""
+    """The few hottest leaves that are not catalog functions, nor lock functions whose
+    samples the sampled registers gave to their locks (the lock-CPU findings)."""
     c, t, incl = s.c, s.c.t, s.counts.total_samples
+    locked = {normalize(x.leaf) for x in c.p.addresses.locks}
     out: list[Finding] = []
     for leaf, n in sorted(s.counts.self_samples.items(), key=lambda kv: -kv[1]):
         if len(out) >= t.hot_functions_max or n / s.total < t.hot_function_info:
             break
-        if leaf in matched:
+        if leaf in matched or normalize(leaf) in locked:
             continue
         fn = normalize(leaf) + (" [kernel]" if is_kernel(leaf) else "")
         share = n / s.total

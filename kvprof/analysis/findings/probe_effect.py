@@ -13,6 +13,7 @@ effect") says why it is flagged rather than subtracted.
 
 from __future__ import annotations
 
+from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.own_cost import own_cost
 from kvprof.model.profile import Finding, Profile
 
@@ -23,6 +24,8 @@ def measured_by(f: Finding) -> str:
     """The collector whose events a finding comes from."""
     if f.category == "cacheline":
         return "regsample" if f.id.startswith("sampled-line:") else "cachelines"
+    if f.id.startswith(LOCK_CPU):
+        return "regsample"
     return {"lock": "locks", "offcpu": "offcpu", "cpu": "oncpu"}.get(f.category, "")
 
 

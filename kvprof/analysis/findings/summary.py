@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvprof.analysis.findings.common import GAIN_KEY
+from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.whatif import modelled
 from kvprof.model.profile import Finding
 
@@ -39,6 +40,14 @@ def summary(f: Finding) -> str:
 
 def _measured(f: Finding) -> str:
     k = f.cost
+    if f.id.startswith(LOCK_CPU):
+        threads = int(k.get("threads", 0))
+        return (
+            f"{threads} thread{'' if threads == 1 else 's'} spent {k.get('share', 0):.1%} of the CPU samples "
+            f"in the lock and unlock calls of the {f.lock}, called from {f.where}"
+            + (f" ({_n(k['cpu_s_per_s'] * 1e3)} ms of CPU per second)" if "cpu_s_per_s" in k else "")
+            + f", {k.get('kernel_share', 0):.0%} of it in the kernel's futex calls (from sampled registers)."
+        )
     if f.category == "lock":
         threads = int(k.get("threads", 0))
         s = (
