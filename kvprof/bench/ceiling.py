@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kvprof.bench import BenchError
-from kvprof.bench.whatif import _ops, _profile
+from kvprof.bench.whatif import ops_done, profile_of
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
 from kvprof.system.servers import Server, die_with_parent, kvload_binary, start_kvcached
@@ -82,9 +82,9 @@ def _loaded(server: Server, seconds: float) -> subprocess.Popen[bytes]:
 
 
 def _rate(server: Server, seconds: float) -> float:
-    ops0, t0 = _ops(server), time.monotonic()
+    ops0, t0 = ops_done(server), time.monotonic()
     time.sleep(seconds)
-    return (_ops(server) - ops0) / (time.monotonic() - t0)
+    return (ops_done(server) - ops0) / (time.monotonic() - t0)
 
 
 def _serve(workers: int, hold: int, predict: Predict | None) -> tuple[float, tuple[str, float] | None]:
@@ -95,7 +95,7 @@ def _serve(workers: int, hold: int, predict: Predict | None) -> tuple[float, tup
         load = _loaded(server, SETTLE_S + RECORD_S + MEASURE_S + 30)
         try:
             time.sleep(SETTLE_S)
-            rung = predict(_profile(server, RECORD_S)) if predict is not None else None
+            rung = predict(profile_of(server, RECORD_S)) if predict is not None else None
             time.sleep(SETTLE_S)  # the detach's own work out of the window
             return _rate(server, MEASURE_S), rung
         finally:

@@ -103,7 +103,7 @@ def fix_of(v: Variant) -> str:
     return v.server.flipped[0] if v.server.flipped else ALL
 
 
-def _profile(server: Server, seconds: float) -> Profile:
+def profile_of(server: Server, seconds: float) -> Profile:
     """A profile of `server` under the load that runs: the collectors attach, read, detach."""
     from kvprof.collect import CollectError, CollectOptions
     from kvprof.system.attach import open_session
@@ -135,7 +135,7 @@ def record(bench: Bench, v: Variant, seconds: float) -> Profile:
     load = _load(bench, v, seconds)
     try:
         time.sleep(SETTLE_S)
-        return _profile(bench.servers[v.server], seconds)
+        return profile_of(bench.servers[v.server], seconds)
     finally:
         load.terminate()
         load.wait(10)
@@ -163,7 +163,7 @@ class Toggled:
         return MEDIAN_SE * (q[2] - q[0]) / IQR_SIGMAS / math.sqrt(len(self.ratios))
 
 
-def _ops(server: Server) -> int:
+def ops_done(server: Server) -> int:
     done = ops_total(server.stats())
     if done is None:
         raise BenchError(f"{server.address}: its `stats` has no operation counts")
@@ -194,9 +194,9 @@ def toggled_fix(
                 for fixed in (False, True) if i % 2 == 0 else (True, False):
                     _switch(conn, site, "per-thread" if fixed else "shared")
                     time.sleep(settle)
-                    ops0, t0 = _ops(server), time.monotonic()
+                    ops0, t0 = ops_done(server), time.monotonic()
                     time.sleep(window)
-                    rate[fixed] = (_ops(server) - ops0) / (time.monotonic() - t0)
+                    rate[fixed] = (ops_done(server) - ops0) / (time.monotonic() - t0)
                 if rate[False] <= 0:
                     raise BenchError(f"{server.address} served nothing in a window: the load stopped")
                 ratios.append(rate[True] / rate[False])
@@ -245,7 +245,7 @@ def interleaved(
     try:
         time.sleep(SETTLE_S)
         for b in range(blocks):
-            profile = _profile(server, seconds)
+            profile = profile_of(server, seconds)
             said.append(predict(profile, fixes()))
             for fix in names:
                 ratios[fix] += toggled_fix(server, fix, pairs).ratios

@@ -362,20 +362,20 @@ def debug_file(bid: str, name: str, progress: Progress = None) -> str | None:
     return file
 
 
-def start(pid: int, progress: Progress) -> None:
+def start(pid: int, progress: Progress, lacking: Callable[[int], list[tuple[str, str]]]) -> None:
     """Fetch, in a thread of its own, the debug files of the modules of process `pid`
-    that lack names: a session's attach goes on meanwhile. `progress` hears what is
-    asked, each file fetched, and at the end what was not. Nothing when no server is named."""
+    that lack names (`lacking(pid)`: build-id and name of each): a session's attach goes
+    on meanwhile. `progress` hears what is asked, each file fetched, and at the end what
+    was not. Nothing when no server is named."""
     urls, where = servers()
     if not urls:
         return
 
     def run() -> None:
         try:  # pyelftools: without it no module is named, and the collectors say so
-            from kvprof.collect.debuginfo import lacking_names
+            modules = lacking(pid)
         except ImportError:
             return
-        modules = lacking_names(pid)
         todo = [(bid, name) for bid, name in modules if _cached(bid) == (None, None)]
         if todo and progress is not None:
             names = ", ".join(name for _, name in todo)

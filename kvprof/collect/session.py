@@ -194,7 +194,7 @@ class Session:
         from kvprof.collect import usdt  # where the kvs probes are looked up
 
         self.target.kvs_probes = usdt.has_kvs_probes(self.pid)
-        debuginfod.start(self.pid, self.opts.progress)  # in the background
+        debuginfod.start(self.pid, self.opts.progress, _lacking_names)  # in the background
         if target_is_go(self.pid):
             self.status.notes.append(GO_NOTE)
         order = KVS_ORDER if self.target.kvs_probes else GENERIC_ORDER
@@ -571,3 +571,11 @@ class _ExitWait:
             time.sleep(min(self.EXIT_POLL_S, seconds))
         elif self._poll.poll(max(0, math.ceil(seconds * 1000))):
             self._poll = None  # it exited: from here on /proc says so, no poll can wait
+
+
+def _lacking_names(pid: int) -> list[tuple[str, str]]:
+    """The modules of `pid` without names (kvprof.collect.debuginfo; it needs pyelftools,
+    which the session itself does not import)."""
+    from kvprof.collect.debuginfo import lacking_names
+
+    return lacking_names(pid)
