@@ -40,6 +40,7 @@ from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
+from kvprof.collect.unnamed import missing_symbols
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
@@ -414,12 +415,14 @@ class Session:
         """The last snapshot, with the target's own counters from the window's start and end
         in profile.server_stats ("before", "before.locks", …, "after", …): the counters are
         read first, then the maps (the small probe maps first), so the two windows end
-        within milliseconds, not after seconds of symbolizing stacks."""
+        within milliseconds, not after seconds of symbolizing stacks. It also says which
+        modules had no symbols for its frames (kvprof.collect.unnamed)."""
         after = self.stats()
         profile = self.snapshot()
         for when, groups in (("before", self.stats_before), ("after", after)):
             for name, group in groups.items():
                 profile.server_stats[when if name == "general" else f"{when}.{name}"] = group
+        profile.missing_symbols = missing_symbols(self.pid, profile)
         return profile
 
     def elapsed(self) -> float:

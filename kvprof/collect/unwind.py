@@ -181,6 +181,38 @@ def build_rows(path: str) -> list[tuple[int, int, int, int]]:
     return [r for r in table.values() if r[0] < 1 << 32 and -32768 <= r[2] < 32768]
 
 
+def fde_ranges(path: str) -> list[tuple[int, int]]:
+    """The code ranges (start, end) of the module's FDEs (`.eh_frame`, `.debug_frame`),
+    sorted: one per function, a compiler's `.cold` fragment one of its own."""
+    out = subprocess.run(
+        ["readelf", "--debug-dump=frames", path], capture_output=True, text=True, check=False
+    ).stdout
+    found = (_FDE.match(line) for line in out.splitlines())
+    return sorted({(int(m.group(2), 16), int(m.group(3), 16)) for m in found if m})
+
+
+# a module's file (device, inode, size, mtime) -> its FDEs
+_FUNCTIONS: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+
+
+def function_start(path: str, pc: int) -> int | None:
+    """The start of the function whose FDE covers link-time address `pc` in the module
+    at `path`, None when none does: how a module without symbols is cut into functions."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _FUNCTIONS:
+        _FUNCTIONS[key] = fde_ranges(path)
+    ranges = _FUNCTIONS[key]
+    i = bisect.bisect_right(ranges, (pc, 1 << 64)) - 1
+    for lo, hi in ranges[max(i - 3, 0) : i + 1][::-1]:  # a nested FDE may precede the covering one
+        if lo <= pc < hi:
+            return lo
+    return None
+
+
 def go_rows(path: str) -> list[tuple[int, int, int, int]]:
     """The rows of a Go binary without CFI (-ldflags=-s drops .debug_frame) from its pc
     tables (kvprof.collect.gosym); [] for any other file. A Go frame saves the caller's
