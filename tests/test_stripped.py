@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from support import TESTS, kvload, kvprof, record, start_ready, stop_contend
 
-from kvprof.analysis.hotspots import bare, call_site, match_function, match_lock, normalize
+from kvprof.analysis.hotspots import bare, call_site, is_wrapper, match_function, match_lock, normalize
 from kvprof.collect.debuginfo import ProcessSymbols
 from kvprof.collect.demangle import demangle
+from kvprof.collect.plt import plt_name, plt_stubs
 from kvprof.collect.unnamed import missing_symbols
 from kvprof.collect.unwind import function_start
 from kvprof.export.folded import parse_folded
@@ -109,6 +110,7 @@ def test_catalog_matching_sees_through_clones_and_data_offsets() -> None:
     clone = "ObjectRegistry::onCreateItem(Item const*) [clone .isra.0]"
     assert (h := match_function(clone)) is not None and h.id == "item-counter"
     assert match_function("kvcached+0x1a2b") is None
+    assert bare("pthread_mutex_lock@plt") == "pthread_mutex_lock" and is_wrapper("pthread_mutex_lock@plt")
     assert (h := match_lock("item_lock+0x8")) is not None and h.id == "item-lock"
     assert bare("memcached+0x187a0") == "memcached" and normalize("memcached+0x187a0") == "memcached+0x187a0"
     stack = ["main", "memcached+0x187a0", "pthread_mutex_lock", "futex_wait_[k]"]
@@ -149,6 +151,23 @@ def test_function_start_is_the_covering_fde_of_debian_memcached() -> None:
             assert function_start(str(MEMCACHED), pc) == lo, hex(pc)
     gaps = [hi for (_, hi), (lo, _) in itertools.pairwise(table) if hi < lo]
     assert gaps and all(function_start(str(MEMCACHED), pc) is None for pc in gaps)
+
+
+@pytest.mark.parametrize("binary", [MEMCACHED, Path("/usr/bin/sysbench"), Path("/usr/bin/redis-server")])
+def test_plt_stubs_are_named_as_objdump_names_them(binary: Path) -> None:
+    """A stripped binary's PLT stubs are `name@plt` at the addresses `objdump -d` gives them,
+    and an address inside a stub is named by it, not by the FDE of the whole .plt."""
+    if not binary.is_file():
+        pytest.skip(f"{binary} is not installed: run scripts/provision.sh")
+    out = subprocess.run(
+        ["objdump", "-d", "-j", ".plt", "-j", ".plt.sec", str(binary)], capture_output=True, text=True
+    )
+    labels = (re.match(r"^([0-9a-f]+) <(.+@plt)>:$", line) for line in out.stdout.splitlines())
+    reference = {int(m[1], 16): m[2] for m in labels if m}
+    stubs = plt_stubs(str(binary))
+    assert len(stubs) > 50 and {lo: name for lo, _, name in stubs} == reference
+    lo, hi, name = stubs[len(stubs) // 2]
+    assert plt_name(str(binary), lo + 5) == name and plt_name(str(binary), hi) != name
 
 
 def stripped_build(tmp: Path, keep_unwind: bool) -> tuple[Path, dict[str, tuple[int, int]]]:

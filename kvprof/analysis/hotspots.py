@@ -86,8 +86,8 @@ def normalize(name: str) -> str:
 
 def bare(name: str) -> str:
     """A name as the catalog's patterns are written: normalized, without a clone's
-    note or suffix and without an offset (`stats_lock+0x8` is in `stats_lock`)."""
-    n = _CLONE_NOTE.sub("", normalize(name))
+    note or suffix, a PLT stub's `@plt` or an offset (`stats_lock+0x8` is in `stats_lock`)."""
+    n = _CLONE_NOTE.sub("", normalize(name)).removesuffix("@plt")
     return _CLONE_SUFFIX.sub("", _OFFSET.sub("", n))
 
 

@@ -24,7 +24,8 @@ which only the debug file has, over `__GI___lll_lock_wait`).
 An address that no symbol covers is named by the function its unwind table
 cuts out for it: `module+0xSTART`, the start of the FDE that covers it
 (kvprof.collect.unwind.function_start), so one function's addresses share a
-name; `module+0xoffset` of the address itself where no FDE covers it.
+name; `module+0xoffset` of the address itself where no FDE covers it; a PLT
+stub by what it calls, `name@plt` (kvprof.collect.plt).
 
 Tables are kept per module build (its build-id, plus where the names came
 from, so installing a debug package is seen at once) in CACHE_DIR, as the
@@ -48,6 +49,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from kvprof.collect.demangle import demangle
+from kvprof.collect.plt import plt_name
 from kvprof.collect.procroot import DEBUG_DIR, in_root, mapped_file
 from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
 from kvprof.collect.unwind import build_id, function_start, module_key
@@ -478,13 +480,15 @@ class ProcessSymbols:
         if at is None:
             return None
         sym = at.symbols.function(at.vaddr)
-        return demangle(sym[2]) if sym is not None else f"{at.map.name}+0x{self.unwind_start(at):x}"
+        return demangle(sym[2]) if sym is not None else self.unnamed(at)
 
-    def unwind_start(self, at: Located) -> int:
-        """The start of the function whose FDE covers `at`, else its own address."""
+    def unnamed(self, at: Located) -> str:
+        """Code without a symbol: its PLT stub, `name@plt`; else `module+0xSTART`, the start
+        of the function whose FDE covers it; else `module+0xoffset` of the address itself."""
         m = at.map
-        start = function_start(mapped_file(self.pid, m.path, m.start, m.end, m.inode), at.vaddr)
-        return at.vaddr if start is None else start
+        image = mapped_file(self.pid, m.path, m.start, m.end, m.inode)
+        start = function_start(image, at.vaddr)
+        return plt_name(image, at.vaddr) or f"{m.name}+0x{at.vaddr if start is None else start:x}"
 
     def object_name(self, addr: int) -> str | None:
         """`name`, `name+0x8`, `module+0xoffset` for data in a module, None outside any."""
