@@ -13,17 +13,15 @@ without a symbol (glibc's IRELATIVE) gives no name.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from kvprof.collect.procroot import PerFile
+
 STUB = 16
 _PUSH = 0x68
-
-# a module's file (device, inode, size, mtime) -> its stubs (start, end, name), sorted
-_STUBS: dict[tuple[int, int, int, int], list[tuple[int, int, str]]] = {}
 
 
 def _pushed(code: bytes, at: int) -> int | None:
@@ -71,15 +69,11 @@ def plt_stubs(path: str) -> list[tuple[int, int, str]]:
     return out
 
 
+_STUBS = PerFile(plt_stubs)
+
+
 def plt_name(path: str, pc: int) -> str | None:
     """`name@plt` when link-time address `pc` of the module at `path` is in a PLT stub."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _STUBS:
-        _STUBS[key] = plt_stubs(path)
-    stubs = _STUBS[key]
+    stubs = _STUBS(path) or []
     i = bisect.bisect_right(stubs, (pc, 1 << 64, "")) - 1
     return stubs[i][2] if i >= 0 and stubs[i][0] <= pc < stubs[i][1] else None
