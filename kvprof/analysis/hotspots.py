@@ -84,6 +84,7 @@ def normalize(name: str) -> str:
     return name.strip() + note
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def bare(name: str) -> str:
     """A name as the catalog's patterns are written: normalized, without a clone's
     note or suffix, a PLT stub's `@plt` or an offset (`stats_lock+0x8` is in `stats_lock`)."""

@@ -17,11 +17,11 @@ Labels:
   thread, so its series stay monotonic; pin threads to CPUs for an exact
   answer. Exact per-socket CPU time is `kvprof_socket_cpu_samples_total`.
 - `function`: the leaf frame of an on-CPU sample (code without a symbol is
-  `module+0xSTART`, its function's start). The `--top` functions with the most samples so far have
-  series of their own; every other function counts as `other`. Samples go
-  to a function's own series while it is in the top and to `other` while it
-  is not, so no series ever goes down and each sample counts once
-  (TopFunctions).
+  `module+0xSTART`, its function's start). The `--top` functions with the
+  most samples so far have series of their own; every other function counts
+  as `other`. Samples go to a function's own series while it is in the top
+  and to `other` while it is not, so no series ever goes down and each
+  sample counts once (TopFunctions).
 - `lock`, `site`, `opcode`: names the server defines (bounded by its code);
   `--max-labels` caps them anyway, and threads, with the rest in `other`.
 - `finding`: a finding's id (`lock:topkeys`, `cacheline:collect_timings`,
