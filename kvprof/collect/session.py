@@ -40,7 +40,6 @@ from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
-from kvprof.collect.unnamed import missing_symbols
 from kvprof.model.delta import delta
 from kvprof.model.profile import Host, Profile, Status, Target, Window
 
@@ -422,6 +421,10 @@ class Session:
         for when, groups in (("before", self.stats_before), ("after", after)):
             for name, group in groups.items():
                 profile.server_stats[when if name == "general" else f"{when}.{name}"] = group
+        try:  # reads ELF files with pyelftools, which a recording does not need
+            from kvprof.collect.unnamed import missing_symbols
+        except ImportError:  # missing: the collectors that need it say so
+            return profile
         profile.missing_symbols = missing_symbols(self.pid, profile)
         return profile
 
