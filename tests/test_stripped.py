@@ -197,6 +197,7 @@ def test_a_stripped_program_is_named_by_its_function_starts(
     names.refresh()
     name = names.function_name(load_base(proc.pid, binary) + inside)
     assert name == f"{binary.name}+0x{(addr if keep_unwind else inside):x}"
+    assert names.module_function_name(str(binary), inside) == name  # as `--backend perf` asks
     profile = Profile(Target(pid=proc.pid, comm=binary.name), oncpu=[CpuStack(proc.pid, [name], 10)])
     (missing,) = missing_symbols(proc.pid, profile)
     assert (missing.module, missing.path, missing.names) == (binary.name, str(binary), "dynsym")

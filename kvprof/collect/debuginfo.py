@@ -482,6 +482,16 @@ class ProcessSymbols:
         sym = at.symbols.function(at.vaddr)
         return demangle(sym[2]) if sym is not None else self.unnamed(at)
 
+    def module_function_name(self, path: str, vaddr: int) -> str | None:
+        """The function at link-time address `vaddr` of the module the target maps from
+        `path` (a perf sample perf had no symbol for), None when it maps no such module."""
+        m = next((m for m in self.maps if m.path == path and "x" in m.perms), None)
+        if m is None:
+            return None
+        syms, _ = self.module(m)
+        sym = syms.function(vaddr)
+        return demangle(sym[2]) if sym is not None else self.unnamed(Located(m, syms, vaddr))
+
     def unnamed(self, at: Located) -> str:
         """Code without a symbol: its PLT stub, `name@plt`; else `module+0xSTART`, the start
         of the function whose FDE covers it; else `module+0xoffset` of the address itself."""
