@@ -254,6 +254,29 @@ def folded_frames(profile_file: Path, tmp: Path, kind: str) -> tuple[set[str], C
     return frames, leaves
 
 
+def record_memcached(server: Server, out: Path, *args: str) -> Profile:
+    """`kvprof record -d 5 ARGS` of memcached under kvload: 4 connections x 32 in flight,
+    5 % sets, 10,000 keys."""
+    load = ("--connections=4", "--batch-size=32", "--set-pct=5", "--num-items=10000", "--key-dist=uniform")
+    with kvload(server, 25, *load):
+        done = record(server.pid, out, "-d", "5", *args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return Profile.load(out)
+
+
+def memcached_functions(profile: Profile) -> Counter[str]:
+    """memcached's frames without a symbol, by on-CPU samples; each is an FDE's start (pyelftools)."""
+    starts = {lo for lo, _ in fde_table(MEMCACHED)}
+    ours: Counter[str] = Counter()
+    for s in profile.oncpu:
+        for f in s.frames:
+            if (m := _UNNAMED.match(f)) and m["module"] == "memcached":
+                assert int(m["offset"], 16) in starts, f
+                ours[f] += s.count
+    assert len(ours) >= 5, ours  # memcached's own code ran, in several functions
+    return ours
+
+
 @pytest.mark.bpf
 def test_debian_memcached_is_named_by_function_starts_in_every_view(
     memcached_factory: Callable[..., Server], tmp_path: Path
@@ -263,21 +286,9 @@ def test_debian_memcached_is_named_by_function_starts_in_every_view(
     report names the module without symbols and its debug package and debuginfod."""
     if not MEMCACHED.is_file():
         pytest.skip("Debian's memcached is not installed: run scripts/provision.sh")
-    server = memcached_factory("-t", "4")
     out = tmp_path / "memcached.json.gz"
-    load = ("--connections=4", "--batch-size=32", "--set-pct=5", "--num-items=10000", "--key-dist=uniform")
-    with kvload(server, 20, *load):
-        done = record(server.pid, out, "-d", "5")
-    assert done.returncode == 0, done.stderr
-    profile = Profile.load(out)
-    starts = {lo for lo, _ in fde_table(MEMCACHED)}
-    ours = Counter()
-    for s in profile.oncpu:
-        for f in s.frames:
-            if (m := _UNNAMED.match(f)) and m["module"] == "memcached":
-                assert int(m["offset"], 16) in starts, f
-                ours[f] += s.count
-    assert len(ours) >= 5, ours  # memcached's own code ran, in several functions
+    profile = record_memcached(memcached_factory("-t", "4"), out)
+    ours = memcached_functions(profile)
     (mc,) = [m for m in profile.missing_symbols if m.module == "memcached"]
     assert mc.path == str(MEMCACHED) and mc.names in ("none", "dynsym") and mc.functions >= len(ours)
     assert mc.outside_unwind == [] and "memcached-dbgsym" in mc.fix and "DEBUGINFOD_URLS" in mc.fix
@@ -293,6 +304,20 @@ def test_debian_memcached_is_named_by_function_starts_in_every_view(
     top = max(ours, key=lambda f: ours[f])
     assert sum(r["function"] == top for r in report["tables"]["functions"]) == 1
     assert sum(line.endswith(f"  {top}") for line in text.splitlines()) == 1
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(shutil.which("perf") is None, reason="no perf (linux-perf): run scripts/provision.sh")
+def test_perf_backend_names_debian_memcached_by_function_starts(
+    memcached_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """--backend perf names memcached's code without symbols by the same FDE starts."""
+    if not MEMCACHED.is_file():
+        pytest.skip("Debian's memcached is not installed: run scripts/provision.sh")
+    profile = record_memcached(memcached_factory("-t", "4"), tmp_path / "perf.json", "--backend", "perf")
+    assert profile.status.collectors["oncpu"] == "ok (perf backend)"
+    memcached_functions(profile)
+    assert "memcached" not in all_frames(profile)
 
 
 def build_clone(tmp: Path) -> Path:
