@@ -56,8 +56,11 @@ def _tuples(entry: dict[str, Any]) -> dict[str, Any]:
 
 CATALOG = load_catalog()
 
-_ARGS = re.compile(r"(?<!\.)\(.*$")  # not a Go method: sync.(*Mutex).Lock
+# the parameter list: not a Go method's receiver (sync.(*Mutex).Lock), nor C++'s (anonymous namespace)
+_ARGS = re.compile(r"(?<!\.)\((?!anonymous namespace\)).*$")
 _OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")
+_CLONE_NOTE = re.compile(r"( \[clone \.[^\]]+\])+$")  # demangled C++: `f(int) [clone .isra.0]`
+_CLONE_SUFFIX = re.compile(r"(\.(isra|constprop|part|cold|lto_priv)(\.\d+)?)+$")  # a C name: `f.isra.0`
 
 
 def is_kernel(frame: str) -> bool:
@@ -67,14 +70,26 @@ def is_kernel(frame: str) -> bool:
 
 @functools.lru_cache(maxsize=1 << 16)  # top asks again for the same frames every interval
 def normalize(name: str) -> str:
-    """A frame, lock or site name without kernel or inline marker, offset or arguments."""
+    """A frame, lock or site name without kernel or inline marker or arguments. A C++
+    clone keeps its note (`Table::fingerprint [clone .isra.0]`: other code than the
+    function's own) and code without a symbol its function start (`memcached+0x187a0`)."""
     if name.endswith("_[k]"):
         name = name[:-4]
     name = name.removesuffix(INLINED)
-    name = _OFFSET.sub("", name)
-    if not name.startswith("("):
+    clone = _CLONE_NOTE.search(name)
+    note = clone.group(0) if clone else ""
+    name = name[: clone.start()] if clone else name
+    if not name.startswith("(") or name.startswith("(anonymous namespace)"):
         name = _ARGS.sub("", name)
-    return name.strip()
+    return name.strip() + note
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def bare(name: str) -> str:
+    """A name as the catalog's patterns are written: normalized, without a clone's
+    note or suffix, a PLT stub's `@plt` or an offset (`stats_lock+0x8` is in `stats_lock`)."""
+    n = _CLONE_NOTE.sub("", normalize(name)).removesuffix("@plt")
+    return _CLONE_SUFFIX.sub("", _OFFSET.sub("", n))
 
 
 def label(frame: str) -> str:
@@ -114,7 +129,7 @@ def is_wrapper(frame: str) -> bool:
     """True for lock/futex plumbing and unsymbolized libc frames."""
     if is_kernel(frame):
         return True
-    n = normalize(frame)
+    n = bare(frame)
     return n in LOCK_WRAPPERS or bool(_INTERNAL.match(frame)) or bool(_INTERNAL.match(n))
 
 
@@ -133,7 +148,7 @@ def _matches(pattern: str, name: str) -> bool:
 
 
 def _first(names: tuple[str, ...], name: str) -> bool:
-    n = normalize(name)
+    n = bare(name)
     return bool(n) and any(_matches(p, n) for p in names)
 
 

@@ -23,6 +23,12 @@ itself), then fewer leading underscores, then the longest name
 (`pthread_mutex_lock` over `___pthread_mutex_lock`; `__lll_lock_wait`,
 which only the debug file has, over `__GI___lll_lock_wait`).
 
+An address that no symbol covers is named by the function its unwind table
+cuts out for it: `module+0xSTART`, the start of the FDE that covers it
+(kvprof.collect.unwind.function_start), so one function's addresses share a
+name; `module+0xoffset` of the address itself where no FDE covers it; a PLT
+stub by what it calls, `name@plt` (kvprof.collect.plt).
+
 Tables are kept per module build (its build-id, plus where the names came
 from, so installing a debug package is seen at once) in CACHE_DIR, as the
 unwind tables are.
@@ -45,9 +51,11 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from kvprof.collect import debuginfod
+from kvprof.collect.demangle import demangle
+from kvprof.collect.plt import plt_name
 from kvprof.collect.procroot import DEBUG_DIR, in_root, mapped_file
 from kvprof.collect.unwind import CACHE_DIR as UNWIND_CACHE
-from kvprof.collect.unwind import build_id, module_key
+from kvprof.collect.unwind import build_id, function_start, module_key
 
 CACHE_DIR = UNWIND_CACHE.parent / "symbols"
 CACHE_BYTES = 64 << 20
@@ -493,15 +501,37 @@ class ProcessSymbols:
         """(name, start address in the process, size) of the function holding `addr`."""
         at = self.locate(addr)
         sym = at.symbols.function(at.vaddr) if at is not None else None
-        return None if at is None or sym is None else (sym[2], addr - (at.vaddr - sym[0]), sym[1] - sym[0])
+        if at is None or sym is None:
+            return None
+        return demangle(sym[2]), addr - (at.vaddr - sym[0]), sym[1] - sym[0]
 
     def function_name(self, addr: int) -> str | None:
-        """The function holding `addr`, `module+0xoffset` (link-time) without one, None outside any module."""
+        """The function holding `addr`; without a symbol, `module+0xSTART`: the start
+        (link-time) of the function its unwind table's FDE covers, else `module+0xoffset`
+        of `addr` itself; None outside any module."""
         at = self.locate(addr)
         if at is None:
             return None
         sym = at.symbols.function(at.vaddr)
-        return sym[2] if sym is not None else f"{at.map.name}+0x{at.vaddr:x}"
+        return demangle(sym[2]) if sym is not None else self.unnamed(at)
+
+    def module_function_name(self, path: str, vaddr: int) -> str | None:
+        """The function at link-time address `vaddr` of the module the target maps from
+        `path` (a perf sample perf had no symbol for), None when it maps no such module."""
+        m = next((m for m in self.maps if m.path == path and "x" in m.perms), None)
+        if m is None:
+            return None
+        syms, _ = self.module(m)
+        sym = syms.function(vaddr)
+        return demangle(sym[2]) if sym is not None else self.unnamed(Located(m, syms, vaddr))
+
+    def unnamed(self, at: Located) -> str:
+        """Code without a symbol: its PLT stub, `name@plt`; else `module+0xSTART`, the start
+        of the function whose FDE covers it; else `module+0xoffset` of the address itself."""
+        m = at.map
+        image = mapped_file(self.pid, m.path, m.start, m.end, m.inode)
+        start = function_start(image, at.vaddr)
+        return plt_name(image, at.vaddr) or f"{m.name}+0x{at.vaddr if start is None else start:x}"
 
     def object_name(self, addr: int) -> str | None:
         """`name`, `name+0x8`, `module+0xoffset` for data in a module, None outside any."""
@@ -511,4 +541,4 @@ class ProcessSymbols:
         sym = at.symbols.object(at.vaddr)
         if sym is None:
             return f"{at.map.name}+0x{at.vaddr:x}"
-        return sym[2] + (f"+0x{at.vaddr - sym[0]:x}" if at.vaddr > sym[0] else "")
+        return demangle(sym[2]) + (f"+0x{at.vaddr - sym[0]:x}" if at.vaddr > sym[0] else "")

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from kvprof.collect import CollectError, CollectOptions, programs
@@ -35,16 +36,42 @@ class PerfError(CollectError):
     """perf is missing or failed; the message says what to do."""
 
 
-def _frame(ip: str, sym: str, dso: str) -> str:
+Namer = Callable[[int, str], str | None]  # (ip, dso) -> a name
+
+
+def _frame(ip: str, sym: str, dso: str, unnamed: Namer | None = None) -> str:
     kernel = dso.startswith("[kernel") or dso.endswith(".ko")
     name = re.sub(r"\+0x[0-9a-f]+$", "", sym)
     if name in ("[unknown]", ""):
-        name = f"{os.path.basename(dso) if dso and dso != '[unknown]' else '0x' + ip}+0x{ip}"
+        # user code without a symbol: its function's start, as the BPF collectors name it
+        known = unnamed(int(ip, 16), dso) if unnamed is not None and not kernel else None
+        name = known or f"{os.path.basename(dso) if dso and dso != '[unknown]' else '0x' + ip}+0x{ip}"
     return name + ("_[k]" if kernel else "")
 
 
-def parse_script(text: str, pid: int, topology: Topology) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
-    """`perf script -F comm,pid,tid,cpu,ip,sym,dso` output -> the target's stacks and threads."""
+def user_names(pid: int) -> Namer | None:
+    """What names the target's user addresses without a symbol (kvprof.collect.debuginfo:
+    `module+0xSTART`), None once it is gone or without pyelftools."""
+    try:
+        from kvprof.collect.debuginfo import ProcessSymbols
+    except ImportError:
+        return None
+    names = ProcessSymbols(pid)
+    if not names.refresh():
+        return None
+
+    def name(ip: int, dso: str) -> str | None:
+        # perf gives the address in the target, or in the module when it had no symbol there
+        return names.function_name(ip) or names.module_function_name(dso, ip)
+
+    return name
+
+
+def parse_script(
+    text: str, pid: int, topology: Topology, unnamed: Namer | None = None
+) -> tuple[list[CpuStack], dict[str, ThreadInfo]]:
+    """`perf script -F comm,pid,tid,cpu,ip,sym,dso` output -> the target's stacks and
+    threads; `unnamed` names a user address perf has no symbol for."""
     stacks: Counter[tuple[int, tuple[str, ...]]] = Counter()
     threads: dict[str, ThreadInfo] = {}
     current: tuple[int, str, int] | None = None  # tid, comm, cpu
@@ -66,7 +93,7 @@ def parse_script(text: str, pid: int, topology: Topology) -> tuple[list[CpuStack
             continue
         frame = _FRAME.match(line)
         if frame and current is not None:
-            frames.append(_frame(frame["ip"], frame["sym"], frame["dso"]))
+            frames.append(_frame(frame["ip"], frame["sym"], frame["dso"], unnamed))
             continue
         header = _HEADER.match(line)
         if header:
@@ -160,7 +187,7 @@ class PerfCollector:
             if script.returncode != 0:
                 first = (script.stderr.strip().splitlines() or ["no output"])[0]
                 raise PerfError(f"perf script failed: {first}")
-            self._result = parse_script(script.stdout, self.pid, self.opts.topology)
+            self._result = parse_script(script.stdout, self.pid, self.opts.topology, user_names(self.pid))
         if self._result is None:
             return
         stacks, threads = self._result

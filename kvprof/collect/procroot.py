@@ -11,9 +11,33 @@ kvprof is given and shows the host's PID, and says the target's own beside it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 DEBUG_DIR = "/usr/lib/debug"  # where debug files are, in the host's root and a container's
+
+
+class PerFile(Generic[T]):
+    """What `read(path)` gives for a module's file, read once per file (device, inode,
+    size, mtime: one build, wherever it is reached from) for the life of the process."""
+
+    def __init__(self, read: Callable[[str], T]) -> None:
+        self.read = read
+        self._by_file: dict[tuple[int, int, int, int], T] = {}
+
+    def __call__(self, path: str) -> T | None:
+        """What the file at `path` gives; None when it cannot be reached."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self._by_file:
+            self._by_file[key] = self.read(path)
+        return self._by_file[key]
 
 
 def in_root(pid: int, path: str) -> str:

@@ -423,12 +423,18 @@ class Session:
         """The last snapshot, with the target's own counters from the window's start and end
         in profile.server_stats ("before", "before.locks", …, "after", …): the counters are
         read first, then the maps (the small probe maps first), so the two windows end
-        within milliseconds, not after seconds of symbolizing stacks."""
+        within milliseconds, not after seconds of symbolizing stacks. It also says which
+        modules had no symbols for its frames (kvprof.collect.unnamed)."""
         after = self.stats()
         profile = self.snapshot()
         for when, groups in (("before", self.stats_before), ("after", after)):
             for name, group in groups.items():
                 profile.server_stats[when if name == "general" else f"{when}.{name}"] = group
+        try:  # reads ELF files with pyelftools, which a recording does not need
+            from kvprof.collect.unnamed import missing_symbols
+        except ImportError:  # missing: the collectors that need it say so
+            return profile
+        profile.missing_symbols = missing_symbols(self.pid, profile)
         return profile
 
     def elapsed(self) -> float:

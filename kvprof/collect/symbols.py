@@ -1,5 +1,7 @@
-"""Turn stack addresses into frames: `function`, or `module+0xoffset` when the
-binary has no symbol there, never a dropped frame. Kernel frames end in
+"""Turn stack addresses into frames: `function` (C++ demangled), or
+`module+0xSTART` when the binary has no symbol there (the start of the function
+its unwind table's FDE covers; the address's own offset when none does), never
+a dropped frame. Kernel frames end in
 `_[k]`, as folded stacks mark them.
 
 User symbols come from each module and its debug file

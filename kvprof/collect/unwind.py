@@ -38,6 +38,7 @@ from elftools.elf.elffile import ELFFile
 
 from kvprof.collect import PROBES_DIR, CollectError
 from kvprof.collect.gosym import unwind_frames
+from kvprof.collect.procroot import PerFile
 
 # The order of enum unw_kind and enum unw_reason in probes/unwind.h.
 ROW_KINDS = ("none", "rsp", "rbp", "end", "plt")
@@ -179,6 +180,33 @@ def build_rows(path: str) -> list[tuple[int, int, int, int]]:
     for pc, _, kind, rbp_off, cfa_off in rows:
         table[pc] = (pc, kind, rbp_off, cfa_off)  # the later (real) row of a pc wins
     return [r for r in table.values() if r[0] < 1 << 32 and -32768 <= r[2] < 32768]
+
+
+def fde_ranges(path: str) -> list[tuple[int, int]]:
+    """The code ranges (start, end) of the module's FDEs (`.eh_frame`, `.debug_frame`),
+    sorted: one per function, a compiler's `.cold` fragment one of its own ([] when
+    readelf cannot read it)."""
+    try:
+        argv = ["readelf", "--debug-dump=frames", path]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = (_FDE.match(line) for line in out.splitlines())
+    return sorted({(int(m.group(2), 16), int(m.group(3), 16)) for m in found if m})
+
+
+_FUNCTIONS = PerFile(fde_ranges)
+
+
+def function_start(path: str, pc: int) -> int | None:
+    """The start of the function whose FDE covers link-time address `pc` in the module
+    at `path`, None when none does: how a module without symbols is cut into functions."""
+    ranges = _FUNCTIONS(path) or []
+    i = bisect.bisect_right(ranges, (pc, 1 << 64)) - 1
+    for lo, hi in ranges[max(i - 3, 0) : i + 1][::-1]:  # a nested FDE may precede the covering one
+        if lo <= pc < hi:
+            return lo
+    return None
 
 
 def go_rows(path: str) -> list[tuple[int, int, int, int]]:

@@ -215,6 +215,7 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     from kvprof.collect import CollectError
     from kvprof.collect.session import NO_BPF
     from kvprof.system.attach import open_session, pause_on_signals, starved_note, stop_on_signals
+    from kvprof.system.debugpkg import names_for, same_root
 
     try:
         session = open_session(opts.pid, opts.collectors, _collect_options(opts))
@@ -238,6 +239,9 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         profile.status.warnings.append(starved)
     if bpf and not opts.quiet:
         _progress(f"  {profile.window.duration_s:5.1f} s  {_summary_of(profile)}", final=True)
+    host_file = same_root(opts.pid)
+    for m in profile.missing_symbols:
+        m.fix = names_for(m.path, m.module, host_file)
     profile.findings = find(profile)
     profile.save(out)
     return profile, out

@@ -7,7 +7,9 @@ One JSON document, gzip'd when the file name ends in `.gz`:
 "server_stats": ..., "findings": [...], "status": ...}`.
 
 Frames are symbol names, root first; a frame without a symbol is
-`module+0xoffset`; kernel frames end in `_[k]` (the folded-stack convention);
+`module+0xSTART`, the start of the function the module's unwind table (FDE)
+covers, or `module+0xoffset` of code no FDE covers (`missing_symbols` says which
+modules and why); kernel frames end in `_[k]` (the folded-stack convention);
 a function inlined at the address of the frame before it (DWARF's inline
 chain, outermost first) ends in ` [inlined]`.
 Fields may be added; none may change meaning. A file of another format or
@@ -282,6 +284,19 @@ class Status:
 
 
 @dataclass
+class MissingSymbols:
+    """A module of the target that had no symbol for code its frames are in."""
+
+    module: str  # as frames name it: `memcached`, `libc.so.6`
+    path: str  # as the target maps it
+    build_id: str = ""
+    names: str = ""  # where its names came from: `none` (stripped), `dynsym` (exported functions only)
+    functions: int = 0  # frames named `module+0xSTART`: the start of the function an FDE covers
+    outside_unwind: list[str] = field(default_factory=list)  # frames `module+0xOFF` of code no FDE covers
+    fix: str = ""  # what would give it names: its debug package, a debuginfod server
+
+
+@dataclass
 class ProgramCost:
     """One of kvprof's BPF programs during the window: how often it ran, how long."""
 
@@ -340,6 +355,7 @@ class Profile:
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
     overhead: Overhead = field(default_factory=Overhead)
+    missing_symbols: list[MissingSymbols] = field(default_factory=list)
 
     # ---- file format ----------------------------------------------------
 
@@ -403,6 +419,7 @@ class Profile:
                 findings=[Finding(**f) for f in d.get("findings", [])],
                 status=Status(**d.get("status", {})),
                 overhead=_overhead(d.get("overhead") or {}),
+                missing_symbols=[MissingSymbols(**m) for m in d.get("missing_symbols", [])],
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed kvprof profile: {e}") from None

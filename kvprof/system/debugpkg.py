@@ -11,6 +11,7 @@ import subprocess
 from kvprof.collect.procroot import DEBUG_DIR
 
 DEBUG_ARCHIVE = "deb http://deb.debian.org/debian-debug bookworm-debug main"
+DEBIAN_DEBUGINFOD = "https://debuginfod.debian.net"
 
 
 def _dpkg(*args: str) -> str:
@@ -52,6 +53,13 @@ def fix_debug_info(path: str, label: str, host_file: bool) -> str:
         f"build {label} with -g and do not strip it, or put its debug file at "
         f"{DEBUG_DIR}/.build-id/xx/rest.debug (its build-id)"
     )
+
+
+def names_for(path: str, label: str, host_file: bool) -> str:
+    """What would give the module at `path` its function names: its debug package
+    (fix_debug_info), or a debuginfod server that has its build-id's debug file."""
+    package = " ".join(fix_debug_info(path, label, host_file).split())
+    return f"{package}; or a debuginfod server in DEBUGINFOD_URLS (Debian's: {DEBIAN_DEBUGINFOD})"
 
 
 def same_root(pid: int) -> bool:

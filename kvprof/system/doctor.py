@@ -492,7 +492,7 @@ def check_module(label: str, path: str, syms: debuginfo.Symbols, host_file: bool
         "debug info",
         WARN,
         f"{label}: no debug file and no .symtab: {what}; its internal functions show as "
-        f"the exported ones around them or as {label}+0x...",
+        f"the exported ones around them or as {label}+0xSTART (their start in its unwind table)",
         fix_debug_info(path, label, host_file),
     )
 

@@ -16,12 +16,12 @@ Labels:
   thread was on when the exporter first saw it. A label never changes for a
   thread, so its series stay monotonic; pin threads to CPUs for an exact
   answer. Exact per-socket CPU time is `kvprof_socket_cpu_samples_total`.
-- `function`: the leaf frame of an on-CPU sample (`module+0x...` folded to
-  the module). The `--top` functions with the most samples so far have
-  series of their own; every other function counts as `other`. Samples go
-  to a function's own series while it is in the top and to `other` while it
-  is not, so no series ever goes down and each sample counts once
-  (TopFunctions).
+- `function`: the leaf frame of an on-CPU sample (code without a symbol is
+  `module+0xSTART`, its function's start). The `--top` functions with the
+  most samples so far have series of their own; every other function counts
+  as `other`. Samples go to a function's own series while it is in the top
+  and to `other` while it is not, so no series ever goes down and each
+  sample counts once (TopFunctions).
 - `lock`, `site`, `opcode`: names the server defines (bounded by its code);
   `--max-labels` caps them anyway, and threads, with the rest in `other`.
 - `finding`: a finding's id (`lock:topkeys`, `cacheline:collect_timings`,
@@ -64,7 +64,6 @@ BUCKET_EXPONENTS = range(8, 34)
 # status.counters suffixes that count lost data, by collector
 DROPPED = ("map_full", "start_full", "stack_errors", "user_stack_errors", "kernel_stack_errors", "comm_full")
 EVENTS = ("events", "samples", "switches", "futex_waits")
-_OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")
 _METRIC_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -131,8 +130,9 @@ class TopFunctions:
 
 
 def leaf_function(frame: str) -> str:
-    """A leaf frame as the `function` label: `module+0x...` folded to the module."""
-    return _OFFSET.sub("", frame) or UNKNOWN_FUNCTION
+    """A leaf frame as the `function` label: code without a symbol is the start of its
+    function (`module+0xSTART`, kvprof.collect.debuginfo), one series per function."""
+    return frame or UNKNOWN_FUNCTION
 
 
 # ---- the metrics ------------------------------------------------------------------------------

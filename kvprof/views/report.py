@@ -131,6 +131,8 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
         "warnings": warnings_of(profile),
         # what the target was and did (Go, forks, execs, threads), when there is something to say
         **({"notes": list(profile.status.notes)} if profile.status.notes else {}),
+        # the modules some code of which had no symbol, and what would give them names
+        **({"missing_symbols": missing_symbols(profile)} if profile.missing_symbols else {}),
         "sample_rates": dict(profile.status.sample_rates),
         "findings": [{**asdict(f), "summary": summary(f)} for f in findings],
         "gain_if_all_fixed": whatif["gain_if_all_fixed"],
@@ -254,7 +256,40 @@ def _header(profile: Profile) -> list[str]:
         lines.extend(_wrap(w, "    ", "WARNING: "))
     for note in profile.status.notes:
         lines.extend(_wrap(note, "    ", "  note: "))
+    for m in missing_symbols(profile):
+        lines.extend(_wrap(_missing_line(m), "    ", "  no symbols: "))
     return lines
+
+
+# where a module's names came from (kvprof.collect.debuginfo.SOURCES) when some code had none
+_NAMES_FROM = {"none": "stripped", "dynsym": "only its exported functions named"}
+
+
+def missing_symbols(profile: Profile) -> list[dict[str, Any]]:
+    """The modules some of whose code had no symbol (profile.missing_symbols), each with
+    `cpu_share`: the share of the on-CPU samples that ran in that code."""
+    total = sum(s.count for s in profile.oncpu)
+    out = []
+    for m in profile.missing_symbols:
+        own = sum(s.count for s in profile.oncpu if s.frames and s.frames[-1].startswith(m.module + "+0x"))
+        out.append({**asdict(m), "cpu_share": own / total if total else 0.0})
+    return out
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _missing_line(m: dict[str, Any]) -> str:
+    how = _NAMES_FROM.get(m["names"], f"names from {m['names']}")
+    text = f"{m['module']} ({how}; {m['cpu_share']:.0%} of the CPU samples ran in its unnamed code)"
+    if m["functions"]:
+        text += f": {_plural(m['functions'], 'function', 'functions')} named by the start the unwind "
+        text += f"table gives them, {m['module']}+0xSTART"
+    if outside := m["outside_unwind"]:
+        text += f"; {_plural(len(outside), 'address', 'addresses')} outside any function of that table, "
+        text += f"shown as they are ({', '.join(outside[:3])}{', ...' if len(outside) > 3 else ''})"
+    return text + (f". For names: {m['fix']}" if m["fix"] else "")
 
 
 # per-thread columns shown for each kind of finding: (key, header, scale)
