@@ -18,7 +18,6 @@ binding ceiling that is not there).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from kvprof.bench import BenchError
+from kvprof.bench import BenchError, published
 from kvprof.bench.whatif import ops_done, profile_of
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
@@ -106,7 +105,24 @@ def _serve(workers: int, hold: int, predict: Predict | None) -> tuple[float, tup
         server.log_path.unlink(missing_ok=True)
 
 
-def run(predict: Predict, runs: int, output: Path | None, out: TextIO = sys.stdout) -> int:
+def figures(rows: list[Row]) -> list[published.Figure]:
+    """The result file's figures: per hold setting, the prediction and plain scaling, each
+    over what two workers reached."""
+    out = []
+    for hold in sorted({r.hold_ns for r in rows}, reverse=True):
+        mine = [r for r in rows if r.hold_ns == hold]
+        predicted = [r.error + 1 for r in mine]
+        scaled = [r.scaling_error + 1 for r in mine]
+        out.append(
+            published.Figure.median_of(f"hold {hold} ns: predicted / 2 workers", predicted, "x", "runs")
+        )
+        out.append(
+            published.Figure.median_of(f"hold {hold} ns: 2 x 1 worker / 2 workers", scaled, "x", "runs")
+        )
+    return out
+
+
+def run(predict: Predict, runs: int, results: Path | None, out: TextIO = sys.stdout) -> int:
     rows = []
     for run_i in range(runs):
         for hold in (HOLD_NS, 0):
@@ -125,6 +141,10 @@ def run(predict: Predict, runs: int, output: Path | None, out: TextIO = sys.stdo
               f"{'' if r.holds else '  (misses)'}", file=out)  # fmt: skip
     print(f"with the hold: within {CLOSE:.0%} of 2 workers while 2x1 worker overshoots by >= "
           f"{OVERSHOOT:.0%}; without: predicted >= {FAR:g}x 2 workers", file=out)  # fmt: skip
-    if output is not None:
-        output.write_text(json.dumps({"scenario": "ceiling", "rows": [asdict(r) for r in rows]}, indent=1))
+    if results is not None:
+        settings = {"runs": runs, "hold_ns": HOLD_NS, "record_s": RECORD_S, "measure_s": MEASURE_S}
+        title = "Ceiling predicted at 1 worker against 2 workers"
+        doc = published.document("ceiling", title, figures(rows), settings)
+        doc["rows"] = [asdict(r) for r in rows]
+        print(f"wrote {published.write(doc, results)} (results)", file=out)
     return 0 if all(r.holds for r in rows) else 1

@@ -196,7 +196,7 @@ def _bench(args: argparse.Namespace) -> int:
             rungs = ladder(p, find(p))
             return (rungs[0].resource, rungs[0].ceiling_ops_per_s) if rungs else None
 
-        return ceiling.run(first_rung, args.runs, args.output)
+        return ceiling.run(first_rung, args.runs, args.results)
     if args.scenario == "whatif":
         from kvprof.analysis.findings import find
         from kvprof.analysis.whatif import predict
