@@ -65,7 +65,7 @@ from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
 from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
-RECORD = struct.Struct(f"<QQQq{KFRAMES}Q")  # struct offsample_rec
+RECORD = struct.Struct(f"<QQQQQQq{KFRAMES}Q")  # struct offsample_rec
 STACK_READ = 4096  # bytes of a sleeping thread's stack read at once from its saved sp, more as the walk needs
 STACK_MAX = 65536  # ... up to this many
 # the target's threads listed again when their count changed, and at least this often (one
@@ -76,6 +76,12 @@ SYS_FUTEX = 202  # x86-64
 # LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
 FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+# The kernel functions a futex waiter sleeps in: a runnable thread with one of them on its
+# kernel stack was woken from its wait and waits for a CPU (one preempted on its way in
+# or out of the call has none of them).
+FUTEX_SLEEPS = frozenset(
+    {"futex_wait_queue", "futex_wait_queue_me", "futex_wait_requeue_pi", "futex_lock_pi", "__futex_wait"}
+)
 
 # (tid, user ips, why the walk stopped, kernel ips)
 StackKey = tuple[int, tuple[int, ...], str, tuple[int, ...]]
@@ -93,8 +99,22 @@ class _Thread:
     looked: int = 0  # monotonic ns of its last look
     runs: int = 0  # times it was switched in, at the last look
     wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
-    # its last sample while it has not run since: (runs, stack key, futex key or None)
-    asleep: tuple[int, StackKey, FutexKey | None] | None = None
+    # its last sample while it has not run since: (runs, stack key or None, futex key or None)
+    asleep: tuple[int, StackKey | None, FutexKey | None] | None = None
+
+
+@dataclass(frozen=True)
+class _Regs:
+    """What a thread's iterator gives: its user registers saved at its last entry to
+    the kernel, and its kernel stack (leaf first; empty while it runs on a CPU)."""
+
+    sp: int
+    ip: int
+    bp: int
+    orig_ax: int  # the system call it is in (-1 and below: an interrupt)
+    di: int
+    si: int
+    kernel: tuple[int, ...]
 
 
 @dataclass
@@ -274,11 +294,13 @@ class OffSampleCollector(BpfCollector):
             except (OSError, ValueError):  # gone meanwhile
                 self._forget(tid)
                 continue
-            if call and call[0] != "running":
-                try:
+            try:
+                if call and call[0] != "running":
                     self._sample(th, call, weight)
-                except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
-                    self._failed += 1
+                elif call:
+                    self._woken(th, weight)
+            except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
+                self._failed += 1
 
     def _tids(self, now: int, period: int) -> list[int]:
         """The target's threads: listed again at the first look, when their number
@@ -336,32 +358,14 @@ class OffSampleCollector(BpfCollector):
     def _sample(self, th: _Thread, call: list[str], weight: int) -> None:
         """One sample of a thread asleep: `call` is its /proc syscall line ("nr args... sp pc",
         "-1 sp pc" asleep outside a system call)."""
-        from bcc import libbcc
-
         nr, sp, pc = int(call[0]), int(call[-2], 16), int(call[-1], 16)
         args = [int(a, 16) for a in call[1:-2]]
-        fd = libbcc.lib.bcc_iter_create(self._link(th))
-        if fd < 0:
-            raise OSError(-fd, "bcc_iter_create")
-        try:
-            data = os.read(fd, RECORD.size)
-        finally:
-            os.close(fd)
-        bp, kernel = 0, ()
-        if len(data) == RECORD.size:
-            rsp, rip, rbp, kbytes, *kstack = RECORD.unpack(data)
-            if (rsp, rip) == (sp, pc):  # the same entry to the kernel: the sleep's registers
-                bp, kernel = rbp, tuple(kstack[: max(0, kbytes) // 8])
-        stack = self._stack(sp)
-        try:
-            ran = _schedstat(th.schedstat, 0)[1] != th.runs
-        except (OSError, ValueError):
-            ran = True
-        ips: tuple[int, ...]
-        if ran:  # it woke and ran since the sample: its stack may have changed under the read
-            ips, why = (pc,), "stack not readable"
-        else:
-            ips, why = self._walk(pc, sp, bp, stack)
+        regs = self._regs(th)
+        bp = 0
+        kernel: tuple[int, ...] = ()
+        if regs is not None and (regs.sp, regs.ip) == (sp, pc):  # the same entry: the sleep's registers
+            bp, kernel = regs.bp, regs.kernel
+        ips, why, ran = self._user_stack(th, pc, sp, bp)
         key = (th.tid, ips, why, kernel)
         futex: FutexKey | None = None
         if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
@@ -370,15 +374,68 @@ class OffSampleCollector(BpfCollector):
         if not ran:
             th.asleep = (th.runs, key, futex)
 
-    def _count(self, th: _Thread, key: StackKey, futex: FutexKey | None, weight: int) -> None:
-        """One sample of `th` with this stack (and futex wait: (tid, word, ips, why))."""
+    def _woken(self, th: _Thread, weight: int) -> None:
+        """A thread /proc says is running: on a CPU, or runnable. Runnable inside a
+        futex wait it slept in (woken, its kernel stack still in the futex wait, not
+        yet back on a CPU) is a sample of that wait: the wait lasts until it runs
+        again. Its time is the thread's [runnable] time, so the sample counts for the
+        futex wait only, not for its off-CPU stacks."""
+        regs = self._regs(th)
+        if regs is None or not regs.kernel or regs.orig_ax != SYS_FUTEX:  # on a CPU, or not in futex(2)
+            return
+        if (regs.si & FUTEX_CMD_MASK) not in FUTEX_WAIT_OPS:
+            return
+        frames = self.symbols.kernel_stack(list(regs.kernel))
+        if not any(f.removesuffix("_[k]").split(".")[0] in FUTEX_SLEEPS for f in frames):
+            return  # preempted on its way in or out of the call, never asleep in it
+        ips, why, ran = self._user_stack(th, regs.ip, regs.sp, regs.bp)
+        futex = (th.tid, regs.di, ips, why)
+        self._count(th, None, futex, weight)
+        if not ran:
+            th.asleep = (th.runs, None, futex)
+
+    def _regs(self, th: _Thread) -> _Regs | None:
+        """The user registers saved at the thread's last entry to the kernel and its
+        kernel stack, from its iterator (None: the record did not come)."""
+        from bcc import libbcc
+
+        fd = libbcc.lib.bcc_iter_create(self._link(th))
+        if fd < 0:
+            raise OSError(-fd, "bcc_iter_create")
+        try:
+            data = os.read(fd, RECORD.size)
+        finally:
+            os.close(fd)
+        if len(data) != RECORD.size:
+            return None
+        sp, ip, bp, orig_ax, di, si, kbytes, *kstack = RECORD.unpack(data)
+        return _Regs(sp, ip, bp, orig_ax, di, si, tuple(kstack[: max(0, kbytes) // 8]))
+
+    def _user_stack(self, th: _Thread, pc: int, sp: int, bp: int) -> tuple[tuple[int, ...], str, bool]:
+        """(ips, why the walk stopped, whether the thread ran since the look) from the
+        registers of a thread off the CPU."""
+        stack = self._stack(sp)
+        try:
+            ran = _schedstat(th.schedstat, 0)[1] != th.runs
+        except (OSError, ValueError):
+            ran = True
+        if ran:  # it woke and ran since the sample: its stack may have changed under the read
+            return (pc,), "stack not readable", True
+        ips, why = self._walk(pc, sp, bp, stack)
+        return ips, why, False
+
+    def _count(self, th: _Thread, key: StackKey | None, futex: FutexKey | None, weight: int) -> None:
+        """One sample of `th` with this stack (None: a wait for a CPU, counted with the
+        thread's [runnable] time) and futex wait: (tid, word, ips, why)."""
         self._samples += 1
-        self._stacks[key] += weight
+        if key is not None:
+            self._stacks[key] += weight
         if futex is not None:
             word = futex[1]
-            entry = self._futex.setdefault(futex, [0, 0])
+            entry = self._futex.setdefault(futex, [0, 0, 0])
             entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
             entry[1] += weight
+            entry[2] += 1
             th.wait = (word, th.runs)
 
     def _stack(self, sp: int) -> bytes:
@@ -444,7 +501,6 @@ class OffSampleCollector(BpfCollector):
             sampled[(tid, self._frames(ips, why, kernel))] += ns
         asleep = {tid: off - runnable_ns[tid] for tid, off in offcpu_ns.items()}
         scaled = to_totals(sampled, asleep)
-        scale = _scales(sampled, scaled)
         for tid, ns in runnable_ns.items():
             if ns:
                 scaled[(tid, (RUNNABLE_FRAME,))] = ns
@@ -452,10 +508,10 @@ class OffSampleCollector(BpfCollector):
             if asleep[tid]:
                 scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for (tid, word, ips, why), (n, ns) in futex.items():
-            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0])
-            w[0] += n
-            w[1] += round(ns * scale.get(tid, 1.0))
+        for (tid, word, ips, why), counts in futex.items():  # as sampled: each look's ns, unscaled
+            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0])
+            for i, n in enumerate(counts):
+                w[i] += n
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
         return _Snapshot(
@@ -484,15 +540,3 @@ class OffSampleCollector(BpfCollector):
         counters["offcpu.samples_reused"] = snap.reused
         counters["offcpu.futex_waits"] = sum(f.waits for f in snap.futex)
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
-
-
-def _scales(
-    sampled: dict[tuple[int, tuple[str, ...]], int], scaled: dict[tuple[int, tuple[str, ...]], int]
-) -> dict[int, float]:
-    """tid -> the factor to_totals scaled that thread's stacks by."""
-    before: dict[int, int] = defaultdict(int)
-    after: dict[int, int] = defaultdict(int)
-    for key, ns in sampled.items():
-        before[key[0]] += ns
-        after[key[0]] += scaled[key]
-    return {tid: after[tid] / ns for tid, ns in before.items() if ns}
