@@ -2,7 +2,7 @@
 window, every switch-out of the target's threads asleep in glibc's lock wait until
 they are back on a CPU (bench/lockwait.bt, run by bench/lockwait_accuracy.py).
 
-One paired 10 s run per target, not the five of the benchmark
+One paired run per target (DURATION), not the five of the benchmark
 (bench/results/lockwait-accuracy.json has those): each run costs a recording plus
 bpftrace's start, and a run per case keeps this file near a minute and a half.
 Exact mode (--offcpu-hz 0) must agree within 10 %: only the waits in flight at the
@@ -40,9 +40,16 @@ pytestmark = [
 ]
 
 
+# seconds recorded per target: the project's programs wait often and briefly, so 5 s
+# leaves little to the edges; sysbench's waits on a busy machine last up to a tenth
+# of a second, against one to two seconds of waiting in 5 s
+DURATION = {"sysbench1": 10, "sysbench2": 10, "glibc_lock": 5, "contend": 5}
+
+
 def _measure(tmp_path: Path, target: str, mode: str) -> tuple[dict, Profile]:
     """One paired run of the benchmark: its figures, and kvprof's profile."""
-    args = ["--runs", "1", "--target", target, "--mode", mode, "--json", "--keep", str(tmp_path)]
+    args = ["--runs", "1", "--target", target, "--mode", mode, "--duration", str(DURATION[target])]
+    args += ["--json", "--keep", str(tmp_path)]
     out = subprocess.run(
         [sys.executable, str(BENCH), *args],
         capture_output=True,
