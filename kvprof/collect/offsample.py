@@ -37,12 +37,22 @@ sampled]`, so that every thread's stacks add up to its total.
 
 A sample in futex(2) with a wait operation (from /proc: the call's number, its
 first argument the word, its second the operation) samples a wait on that
-word. Its ns are estimated as the stacks' are (scaled with the thread's), and
-`waits` counts the waits seen: consecutive samples of one thread on one word
-with no run in between are one wait. That is a lower bound: a wait shorter
-than a look's interval is seen with a probability of its length over the
-interval. Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every
-switch timed, at a cost at every switch).
+word; so does a thread /proc says is running whose iterator shows it off the
+CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
+its kernel stack still in the futex wait and its saved registers in the call:
+woken, waiting for a CPU, which the wait lasts until. A thread's futex
+samples are scaled by its exact off-CPU time over the time of its looks that
+found it off the CPU (asleep or runnable), and `samples` keeps how many looks
+stand behind each, for the report's sampling error. `waits` counts the waits
+seen: consecutive samples of one thread on one word with no run in between
+are one wait. That is a lower bound: a wait shorter than a look's interval is
+seen with a probability of its length over the interval. Exact counts take
+--offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a cost at every
+switch).
+
+The looking thread keeps SCHED_OTHER at LOOK_NICE when kvprof yields the CPU
+(kvprof.system.attach): a look that runs only when a CPU is free comes when
+the target's threads wait, and finds them waiting more often than they do.
 """
 
 from __future__ import annotations
