@@ -400,7 +400,7 @@ class Thread:
     name: str
     samples: int  # on-CPU
     sockets: dict[str, int]  # socket -> on-CPU samples there
-    lock_wait_ns: int  # kvs lock waits
+    lock_wait_ns: int  # kvs lock waits, and lock waits on futexes (LOCKS' rows)
     offcpu_ns: int
     stack_quality: float | None  # share of its stacks that stopped short of the thread's entry
     top_function: str  # its leaf with the most samples, "" when none
@@ -436,6 +436,10 @@ def threads(p: Profile) -> list[Thread]:
     for lk in p.locks:
         for tid, tw in lk.by_thread.items():
             lock_ns[tid] += tw.wait_ns
+    futex_ns: dict[str, int] = defaultdict(int)
+    for fws in futex_groups(p).values():  # the lock waits on futexes no kvs probe timed
+        for fw in fws:
+            futex_ns[str(fw.tid)] += fw.ns
     off_ns: dict[str, int] = defaultdict(int)
     for st in p.offcpu.stacks:
         off_ns[str(st.tid)] += st.ns
@@ -450,7 +454,7 @@ def threads(p: Profile) -> list[Thread]:
             name=th.name,
             samples=th.cpu_samples,
             sockets=dict(th.sockets),
-            lock_wait_ns=th.lock_wait_ns or lock_ns.get(tid, 0),
+            lock_wait_ns=(th.lock_wait_ns or lock_ns.get(tid, 0)) + futex_ns.get(tid, 0),
             offcpu_ns=thread_offcpu_ns(p, tid) or off_ns.get(tid, 0),
             stack_quality=th.stack_quality,
             top_function=max(leaves[tid].items(), key=lambda kv: (kv[1], kv[0]))[0] if leaves[tid] else "",
