@@ -26,7 +26,10 @@
 // registers, saved at syscall entry, say so: orig_ax, di = the futex word,
 // si = the operation) starts a futex wait; the off-CPU period is the wait.
 // A wait that returned without sleeping (EAGAIN, or woken first) costs the
-// thread no time and is not counted. Each (word, thread) is counted exactly
+// thread no time and is not counted; nor is a switch-out of a thread still
+// runnable in the call (prev_state TASK_RUNNING: preempted in it, or
+// rescheduled on its way out of the syscall, its registers still saying
+// futex): that is a wait for a CPU, counted as the thread's `[runnable]` time. Each (word, thread) is counted exactly
 // in `offcpu_futex`; its stacks, in `offcpu_futex_stacks`, for the sampled
 // periods and for the first wait of each (word, thread), so a rare lock is
 // named too: the loader spreads the exact totals over them.
@@ -76,7 +79,7 @@ enum offcpu_health {
     OFFCPU_STACK_ERR,         // get_stackid -EEXIST or -ENOMEM, or a user stack that did not fit in `ustacks`
     OFFCPU_MAP_FULL,          // a key did not fit in an aggregation map
     OFFCPU_START_FULL,        // a thread's record did not fit
-    OFFCPU_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted)
+    OFFCPU_PREEMPTED_NS,      // off-CPU ns that began with the thread still runnable (preempted, rescheduled)
     OFFCPU_FUTEX_WAITS,       // futex waits that slept
     OFFCPU_DRAWN,             // switch-outs whose stacks the random draw took
     OFFCPU_HEALTH,
@@ -87,6 +90,7 @@ enum offcpu_health {
 struct offcpu_thread {
     u64 ts;        // when it last left the CPU; 0 before its first switch-out
     u64 total_ns;  // off-CPU time of every period accounted so far
+    u64 runnable_ns;  // ... of the periods that began with it still runnable
     u64 user_stack;  // key in `ustacks`, 0: none
     s32 kernel_stack;
     u16 preempted;
@@ -231,8 +235,10 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
 {
     u64 delta = on_since - t->ts;
     t->total_ns += delta;
-    if (t->preempted)
+    if (t->preempted) {
+        t->runnable_ns += delta;
         offcpu_count(OFFCPU_PREEMPTED_NS, delta);
+    }
     struct offcpu_futex_val zero = {};
     if (t->futex) {
         offcpu_count(OFFCPU_FUTEX_WAITS, 1);
@@ -265,8 +271,12 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
         offcpu_count(OFFCPU_MAP_FULL, 1);
 }
 
-// args: (bool preempt, struct task_struct *prev, struct task_struct *next, ...);
-// only the plain `preempt` flag is read, never the task structs.
+// args: (bool preempt, struct task_struct *prev, struct task_struct *next,
+// unsigned int prev_state); only the plain `preempt` flag and `prev_state` are
+// read, never the task structs. A task that leaves the CPU in TASK_RUNNING (0)
+// did not go to sleep: it waits for a CPU, whatever `preempt` says (a
+// reschedule at a syscall's exit is not a preemption).
+#define TASK_RUNNING 0
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
@@ -293,10 +303,11 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         offcpu_account(tid, t, on_since);
 
     t->ts = now;
-    t->preempted = ctx->args[0] != 0;
+    t->preempted = ctx->args[0] != 0 || (u32)ctx->args[3] == TASK_RUNNING;
     t->futex = t->preempted ? 0 : offcpu_futex_word((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()));
-    u32 n = offcpu_one_in(now);
-    int drawn = n <= 1 || bpf_get_prandom_u32() % n == 0;
+    // a wait for a CPU has no place to wait at: its time is the thread's [runnable], no stack taken
+    u32 n = t->preempted ? 0 : offcpu_one_in(now);
+    int drawn = !t->preempted && (n <= 1 || bpf_get_prandom_u32() % n == 0);
     t->sampled = drawn ? OFFCPU_SAMPLED_RANDOM : 0;
     t->weight = drawn ? n : 1;
     if (drawn)

@@ -3,8 +3,11 @@
 // iterator link per thread: its link info names the thread). It writes the
 // user sp, ip and bp saved at the thread's entry to the kernel
 // (bpf_task_pt_regs; /proc gives the system call and its arguments, and sp
-// and ip say whether these registers are that call's) and its kernel stack
-// (bpf_get_task_stack). Nothing runs at the target's switches: the cost is
+// and ip say whether these registers are that call's), the system call and its
+// first two arguments (orig_ax, di, si: what /proc does not give for a thread
+// that is runnable, not asleep) and its kernel stack (bpf_get_task_stack:
+// empty while the thread runs on another CPU, as the kernel does not unwind a
+// running task). Nothing runs at the target's switches: the cost is
 // the reads, when kvprof makes them.
 //
 // The user stack is walked in userspace (kvprof/collect/unwind.py, walk()):
@@ -44,6 +47,9 @@ struct offsample_rec {
     u64 sp;
     u64 ip;
     u64 bp;
+    u64 orig_ax;
+    u64 di;
+    u64 si;
     s64 kbytes;  // bytes of kstack filled, or a negative error
     u64 kstack[OFFSAMPLE_KFRAMES];
 };
@@ -62,7 +68,10 @@ BPF_ITER(task)
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     if (bpf_probe_read_kernel(&r->sp, sizeof(r->sp), &regs->sp) ||
         bpf_probe_read_kernel(&r->ip, sizeof(r->ip), &regs->ip) ||
-        bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp))
+        bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp) ||
+        bpf_probe_read_kernel(&r->orig_ax, sizeof(r->orig_ax), &regs->orig_ax) ||
+        bpf_probe_read_kernel(&r->di, sizeof(r->di), &regs->di) ||
+        bpf_probe_read_kernel(&r->si, sizeof(r->si), &regs->si))
         return 0;
     r->kbytes = bpf_get_task_stack(task, r->kstack, sizeof(r->kstack), 0);
     bpf_seq_write(ctx->meta->seq, r, sizeof(*r));

@@ -109,6 +109,7 @@ PKGS=(
     python3-capstone python3-pyelftools # regsample: decode sampled IPs, name data symbols
     libc6-dbg # glibc's internal function names (its debug file by build-id: kvprof/collect/debuginfo.py)
     debuginfod elfutils # a local debuginfod server for tests/test_debuginfod.py (kvprof/collect/debuginfod.py)
+    sysbench bpftrace # lock waits checked against an exact tracer (tests/test_lockwait_accuracy.py)
 )
 if [[ $OS_ID == ubuntu && ${VERSION_ID:-} == 22.04 ]]; then
     PY=/usr/bin/python3.11 # jammy's python3 is 3.10

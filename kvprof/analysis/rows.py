@@ -100,6 +100,8 @@ class LockRow:
     call_site: str  # the site that waited longest, "" when none
     sites: tuple[LockSiteRow, ...]  # most waiting first
     wait_ns_by_thread: dict[str, int]  # tid -> its wait time
+    # sampled: ± this at 90 % (tables.sampling_error_ns); None: every wait timed
+    wait_ms_per_s_err90: float | None = None
 
 
 def lock_rows(p: Profile) -> list[LockRow]:
@@ -120,6 +122,7 @@ def lock_rows(p: Profile) -> list[LockRow]:
                 for site, w in lk.sites
             ),
             wait_ns_by_thread={t: w.wait_ns for t, w in lk.by_thread.items()},
+            wait_ms_per_s_err90=None if lk.err90_ns is None else per_second(p, lk.err90_ns / 1e6),
         )
         for lk in by_wait(locks(p))
     ]

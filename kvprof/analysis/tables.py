@@ -20,12 +20,14 @@ kvprof.model.histogram.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from kvprof.analysis.hotspots import call_site
+from kvprof.analysis.waits import is_lock_wait
 from kvprof.model.histogram import hist_add, hist_percentile
 from kvprof.model.profile import CacheLineStat, FutexWait, OffCpuStack, Profile
 
@@ -38,6 +40,7 @@ T = TypeVar("T")
 THREAD_ROWS = 40
 THREADS_NAMED = 8
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)  # the request table's p50, p90, p99, p99.9
+Z90 = 1.645  # a normal's two-sided 90 % quantile: sampled figures are shown ± this many standard errors
 
 
 def seconds(p: Profile) -> float:
@@ -134,17 +137,50 @@ class Lock:
     hist_log2_ns: list[int]  # the waits' lengths (kvs locks; empty for a futex)
     p99_ns: int | None  # from the histogram; None without one
     rate: int  # the lock probe's 1 in N
+    err90_ns: int | None = None  # wait_ns is sampled: ± this at 90 % (sampling_error_ns); None: timed
+
+
+def lock_waits(p: Profile) -> list[FutexWait]:
+    """The futex waits entered from a lock's acquisition path (kvprof.analysis.waits: not
+    a condition variable, a join, a semaphore), each thread's capped at its off-CPU
+    total: a wait that began before the window is counted whole when it ends, and no
+    thread waits longer than the window."""
+    waits = [fw for fw in p.offcpu.futex if is_lock_wait(fw.frames)]
+    by_tid: dict[int, int] = defaultdict(int)
+    for fw in waits:
+        by_tid[fw.tid] += fw.ns
+    out = []
+    for fw in waits:
+        cap = thread_offcpu_ns(p, str(fw.tid))
+        if cap and by_tid[fw.tid] > cap:
+            fw = replace(fw, ns=fw.ns * cap // by_tid[fw.tid])
+        out.append(fw)
+    return out
 
 
 def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
-    """Futex waits by futex word, without the kvs-probed locks: those (glibc's
+    """Lock waits on futexes by futex word, without the kvs-probed locks: those (glibc's
     mutex word sits at their start) are lock rows with better numbers."""
     lock_addrs = [lk.address for lk in p.locks if lk.address]
     out: dict[int, list[FutexWait]] = defaultdict(list)
-    for fw in p.offcpu.futex:
+    for fw in lock_waits(p):
         if not any(0 <= fw.uaddr - a < 64 for a in lock_addrs):
             out[fw.uaddr].append(fw)
     return out
+
+
+def sampling_error_ns(waits: Iterable[FutexWait]) -> int | None:
+    """The half-width of the 90 % interval of these waits' summed ns when they were
+    sampled (None: every wait was timed). Each (thread, word, stack)'s ns are its
+    looks' weights: n looks that found the wait stand for ns, and n is counted as a
+    Poisson count (relative error 1/sqrt(n)), independent across rows."""
+    var = 0.0
+    sampled = False
+    for fw in waits:
+        if fw.samples > 0:
+            sampled = True
+            var += fw.ns * fw.ns / fw.samples
+    return round(Z90 * math.sqrt(var)) if sampled else None
 
 
 def futex_label(waits: list[FutexWait]) -> str:
@@ -210,6 +246,7 @@ def locks(p: Profile) -> list[Lock]:
                 hist_log2_ns=[],
                 p99_ns=None,
                 rate=1,
+                err90_ns=sampling_error_ns(fws),
             )
         )
     return out
@@ -363,10 +400,18 @@ class Thread:
     name: str
     samples: int  # on-CPU
     sockets: dict[str, int]  # socket -> on-CPU samples there
-    lock_wait_ns: int  # kvs lock waits
+    lock_wait_ns: int  # kvs lock waits, and lock waits on futexes (LOCKS' rows)
     offcpu_ns: int
     stack_quality: float | None  # share of its stacks that stopped short of the thread's entry
     top_function: str  # its leaf with the most samples, "" when none
+
+
+def thread_offcpu_ns(p: Profile, tid: str) -> int:
+    """A thread's off-CPU time in the window, at most the window: a wait is counted when
+    it ends, so one that began before the window would otherwise count whole."""
+    th = p.threads.get(tid)
+    ns = th.offcpu_ns if th is not None else 0
+    return min(ns, round(p.window.duration_s * 1e9)) if p.window.duration_s > 0 else ns
 
 
 def offcpu_stacks(p: Profile) -> list[OffCpuStack]:
@@ -378,8 +423,7 @@ def offcpu_stacks(p: Profile) -> list[OffCpuStack]:
         estimated[st.tid] += st.ns
     out = []
     for st in p.offcpu.stacks:
-        th = p.threads.get(str(st.tid))
-        exact = th.offcpu_ns if th is not None else 0
+        exact = thread_offcpu_ns(p, str(st.tid))
         if exact and estimated[st.tid] > exact:
             st = replace(st, ns=st.ns * exact // estimated[st.tid])
         out.append(st)
@@ -392,6 +436,10 @@ def threads(p: Profile) -> list[Thread]:
     for lk in p.locks:
         for tid, tw in lk.by_thread.items():
             lock_ns[tid] += tw.wait_ns
+    futex_ns: dict[str, int] = defaultdict(int)
+    for fws in futex_groups(p).values():  # the lock waits on futexes no kvs probe timed
+        for fw in fws:
+            futex_ns[str(fw.tid)] += fw.ns
     off_ns: dict[str, int] = defaultdict(int)
     for st in p.offcpu.stacks:
         off_ns[str(st.tid)] += st.ns
@@ -406,8 +454,8 @@ def threads(p: Profile) -> list[Thread]:
             name=th.name,
             samples=th.cpu_samples,
             sockets=dict(th.sockets),
-            lock_wait_ns=th.lock_wait_ns or lock_ns.get(tid, 0),
-            offcpu_ns=th.offcpu_ns or off_ns.get(tid, 0),
+            lock_wait_ns=(th.lock_wait_ns or lock_ns.get(tid, 0)) + futex_ns.get(tid, 0),
+            offcpu_ns=thread_offcpu_ns(p, tid) or off_ns.get(tid, 0),
             stack_quality=th.stack_quality,
             top_function=max(leaves[tid].items(), key=lambda kv: (kv[1], kv[0]))[0] if leaves[tid] else "",
         )

@@ -109,6 +109,10 @@ INLINE_FRAMES = True  # expand each address to the functions inlined there (docs
 HIST_SLOTS = 64  # buckets of a log2 histogram (ns or cycles)
 ATTACH_NICE = -10  # the attaching thread's nice while it compiles (root only; then back)
 WATCH_NICE = 19  # every thread of kvprof's process once attached (system.attach.yield_cpu), SCHED_IDLE too
+# ... but the thread that looks at the target's sleeping threads (kvprof.collect.offsample)
+# keeps SCHED_OTHER at this nice: a look that runs only when a CPU is free comes when the
+# target's threads wait, and finds them waiting far more often than they do
+LOOK_NICE = 0
 # ... and back to SCHED_OTHER at that nice once its threads waited for a CPU longer than
 # STARVED_S in all over one STARVE_CHECK_S: a machine with no idle CPU for kvprof's work
 STARVE_CHECK_S = 1.0

@@ -11,9 +11,13 @@ the kernel and aggregated in maps; this module reads them into
 Profile.offcpu and Profile.threads[tid].offcpu_ns.
 
 Off-CPU time counts every state, as `offcputime` does by default; the part
-that began with a preemption (the thread was still runnable) is counted in
-`offcpu.preempted_ns`. A futex wait that did not sleep (EAGAIN: the word
-changed first) costs no time and is not a wait.
+that began with the thread still runnable (preempted, or rescheduled at a
+syscall's exit: it left the CPU in TASK_RUNNING) is the thread's wait for a
+CPU: its `[runnable]` stack, no stack walked, and `offcpu.preempted_ns`. A
+futex wait is a switch-out that put the thread to sleep inside a
+FUTEX_WAIT-family call, until it is back on a CPU (its wait for a CPU after
+the wake-up included); a futex call that did not sleep (EAGAIN: the word
+changed first) or in which the thread was only preempted is no wait.
 
 Futex waits are counted exactly per (word, thread); their stacks come from
 the sampled periods and from each (word, thread)'s first wait, and the exact
@@ -52,7 +56,7 @@ from kvprof.collect.bpf import Module, Program, map_items, percpu_counters, warn
 from kvprof.collect.stacks import StackCollector
 from kvprof.collect.symbols import DataNames
 from kvprof.collect.thread_sockets import run_delays
-from kvprof.model.profile import FutexWait, OffCpuStack, Profile, ThreadInfo
+from kvprof.model.profile import RUNNABLE_FRAME, FutexWait, OffCpuStack, Profile, ThreadInfo
 
 # The order of `enum offcpu_health` in probes/offcpu.bpf.c.
 HEALTH = (
@@ -137,16 +141,21 @@ class OffCpuCollector(StackCollector):
     def _read(self) -> _Snapshot:
         self.names.refresh()
         assert self.module is not None
+        # the exact totals first, then the stacks that split them (naming them takes time):
+        # the totals are those of the moment the read began, the window's edge
+        threads = map_items(self.table("threads"))
+        futex_items = map_items(self.table("futex"))
         sampled_off: dict[tuple[int, tuple[str, ...]], int] = defaultdict(int)
         for key, value in map_items(self.table("periods")):  # each period already weighted by its n
             frames, _ = self.frames(int(key.user_stack), int(key.kernel_stack))
             sampled_off[(int(key.tid), frames)] += int(value)
-        threads = map_items(self.table("threads"))
         per_thread = {int(k): int(v.total_ns) for k, v in threads if v.total_ns}
-        off = to_totals(sampled_off, per_thread)
-        exact = {
-            (int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in map_items(self.table("futex"))
-        }
+        runnable = {int(k): int(v.runnable_ns) for k, v in threads if v.runnable_ns}
+        asleep = {tid: ns - runnable.get(tid, 0) for tid, ns in per_thread.items()}
+        off = to_totals(sampled_off, asleep)
+        for tid, ns in runnable.items():  # a wait for a CPU: no stack was taken, no place to wait at
+            off[(tid, (RUNNABLE_FRAME,))] = ns
+        exact = {(int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in futex_items}
         sampled: dict[tuple[int, int], dict[tuple[str, ...], int]] = defaultdict(lambda: defaultdict(int))
         for key, value in map_items(self.table("futex_stacks")):
             frames, _ = self.frames(int(key.user_stack), -1)
@@ -194,13 +203,22 @@ def as_lists(
     data: DataNames,
 ) -> tuple[list[OffCpuStack], list[FutexWait]]:
     """The profile's off-CPU stacks, from (tid, frames) -> ns, and futex waits, from
-    (tid, word, frames) -> (waits, ns), each most ns first."""
+    (tid, word, frames) -> (waits, ns[, samples]: the looks that saw them, when
+    sampled), each most ns first."""
     return [
         OffCpuStack(tid=tid, frames=list(frames), ns=ns)
         for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
     ], [
-        FutexWait(tid=tid, uaddr=uaddr, frames=list(frames), waits=w, ns=ns, name=data.name(uaddr))
-        for (tid, uaddr, frames), (w, ns) in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        FutexWait(
+            tid=tid,
+            uaddr=uaddr,
+            frames=list(frames),
+            waits=counts[0],
+            ns=counts[1],
+            name=data.name(uaddr),
+            samples=counts[2] if len(counts) > 2 else 0,
+        )
+        for (tid, uaddr, frames), counts in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]
 
 

@@ -37,12 +37,22 @@ sampled]`, so that every thread's stacks add up to its total.
 
 A sample in futex(2) with a wait operation (from /proc: the call's number, its
 first argument the word, its second the operation) samples a wait on that
-word. Its ns are estimated as the stacks' are (scaled with the thread's), and
-`waits` counts the waits seen: consecutive samples of one thread on one word
-with no run in between are one wait. That is a lower bound: a wait shorter
-than a look's interval is seen with a probability of its length over the
-interval. Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every
-switch timed, at a cost at every switch).
+word; so does a thread /proc says is running whose iterator shows it off the
+CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
+its kernel stack still in the futex wait and its saved registers in the call:
+woken, waiting for a CPU, which the wait lasts until. A thread's futex
+samples are scaled by its exact off-CPU time over the time of its looks that
+found it off the CPU (asleep or runnable), and `samples` keeps how many looks
+stand behind each, for the report's sampling error. `waits` counts the waits
+seen: consecutive samples of one thread on one word with no run in between
+are one wait. That is a lower bound: a wait shorter than a look's interval is
+seen with a probability of its length over the interval. Exact counts take
+--offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a cost at every
+switch).
+
+The looking thread keeps SCHED_OTHER at LOOK_NICE when kvprof yields the CPU
+(kvprof.system.attach): a look that runs only when a CPU is free comes when
+the target's threads wait, and finds them waiting more often than they do.
 """
 
 from __future__ import annotations
@@ -56,7 +66,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kvprof.collect import OFFCPU_LOOKS, CollectError, CollectOptions
+from kvprof.collect import LOOK_NICE, OFFCPU_LOOKS, CollectError, CollectOptions
 from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, source
 from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
@@ -65,7 +75,7 @@ from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
 from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
-RECORD = struct.Struct(f"<QQQq{KFRAMES}Q")  # struct offsample_rec
+RECORD = struct.Struct(f"<QQQQQQq{KFRAMES}Q")  # struct offsample_rec
 STACK_READ = 4096  # bytes of a sleeping thread's stack read at once from its saved sp, more as the walk needs
 STACK_MAX = 65536  # ... up to this many
 # the target's threads listed again when their count changed, and at least this often (one
@@ -76,6 +86,12 @@ SYS_FUTEX = 202  # x86-64
 # LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
 FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+# The kernel functions a futex waiter sleeps in: a runnable thread with one of them on its
+# kernel stack was woken from its wait and waits for a CPU (one preempted on its way in
+# or out of the call has none of them).
+FUTEX_SLEEPS = frozenset(
+    {"futex_wait_queue", "futex_wait_queue_me", "futex_wait_requeue_pi", "futex_lock_pi", "__futex_wait"}
+)
 
 # (tid, user ips, why the walk stopped, kernel ips)
 StackKey = tuple[int, tuple[int, ...], str, tuple[int, ...]]
@@ -93,8 +109,22 @@ class _Thread:
     looked: int = 0  # monotonic ns of its last look
     runs: int = 0  # times it was switched in, at the last look
     wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
-    # its last sample while it has not run since: (runs, stack key, futex key or None)
-    asleep: tuple[int, StackKey, FutexKey | None] | None = None
+    # its last sample while it has not run since: (runs, stack key or None, futex key or None)
+    asleep: tuple[int, StackKey | None, FutexKey | None] | None = None
+
+
+@dataclass(frozen=True)
+class _Regs:
+    """What a thread's iterator gives: its user registers saved at its last entry to
+    the kernel, and its kernel stack (leaf first; empty while it runs on a CPU)."""
+
+    sp: int
+    ip: int
+    bp: int
+    orig_ax: int  # the system call it is in (-1 and below: an interrupt)
+    di: int
+    si: int
+    kernel: tuple[int, ...]
 
 
 @dataclass
@@ -128,7 +158,9 @@ class OffSampleCollector(BpfCollector):
         self._threads: dict[int, _Thread] = {}
         self._gone: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}  # tid -> (first, last)
         self._stacks: dict[StackKey, int] = defaultdict(int)  # -> sampled ns
-        self._futex: dict[FutexKey, list[int]] = {}  # -> [waits, ns]
+        self._futex: dict[FutexKey, list[int]] = {}  # -> [waits, ns, samples]
+        # tid -> the sampled ns of the looks that found it off the CPU (asleep or runnable)
+        self._off_cpu: dict[int, int] = defaultdict(int)
         self._looks = self._samples = self._failed = 0
         self._next_after = 0  # the last tid looked at, when a look takes a slice of the threads
         self._listed = (0, 0)  # (monotonic ns, links of /proc/PID/task) at the last listing of its threads
@@ -237,6 +269,7 @@ class OffSampleCollector(BpfCollector):
             self._sampling.wait()
             if self._stop.is_set():
                 return
+            _keep_timing()
             now = time.monotonic_ns()
             with self._lock:
                 self._look(now, int(period))
@@ -274,11 +307,13 @@ class OffSampleCollector(BpfCollector):
             except (OSError, ValueError):  # gone meanwhile
                 self._forget(tid)
                 continue
-            if call and call[0] != "running":
-                try:
+            try:
+                if call and call[0] != "running":
                     self._sample(th, call, weight)
-                except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
-                    self._failed += 1
+                elif call:
+                    self._woken(th, weight)
+            except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
+                self._failed += 1
 
     def _tids(self, now: int, period: int) -> list[int]:
         """The target's threads: listed again at the first look, when their number
@@ -336,32 +371,14 @@ class OffSampleCollector(BpfCollector):
     def _sample(self, th: _Thread, call: list[str], weight: int) -> None:
         """One sample of a thread asleep: `call` is its /proc syscall line ("nr args... sp pc",
         "-1 sp pc" asleep outside a system call)."""
-        from bcc import libbcc
-
         nr, sp, pc = int(call[0]), int(call[-2], 16), int(call[-1], 16)
         args = [int(a, 16) for a in call[1:-2]]
-        fd = libbcc.lib.bcc_iter_create(self._link(th))
-        if fd < 0:
-            raise OSError(-fd, "bcc_iter_create")
-        try:
-            data = os.read(fd, RECORD.size)
-        finally:
-            os.close(fd)
-        bp, kernel = 0, ()
-        if len(data) == RECORD.size:
-            rsp, rip, rbp, kbytes, *kstack = RECORD.unpack(data)
-            if (rsp, rip) == (sp, pc):  # the same entry to the kernel: the sleep's registers
-                bp, kernel = rbp, tuple(kstack[: max(0, kbytes) // 8])
-        stack = self._stack(sp)
-        try:
-            ran = _schedstat(th.schedstat, 0)[1] != th.runs
-        except (OSError, ValueError):
-            ran = True
-        ips: tuple[int, ...]
-        if ran:  # it woke and ran since the sample: its stack may have changed under the read
-            ips, why = (pc,), "stack not readable"
-        else:
-            ips, why = self._walk(pc, sp, bp, stack)
+        regs = self._regs(th)
+        bp = 0
+        kernel: tuple[int, ...] = ()
+        if regs is not None and (regs.sp, regs.ip) == (sp, pc):  # the same entry: the sleep's registers
+            bp, kernel = regs.bp, regs.kernel
+        ips, why, ran = self._user_stack(th, pc, sp, bp)
         key = (th.tid, ips, why, kernel)
         futex: FutexKey | None = None
         if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
@@ -370,15 +387,71 @@ class OffSampleCollector(BpfCollector):
         if not ran:
             th.asleep = (th.runs, key, futex)
 
-    def _count(self, th: _Thread, key: StackKey, futex: FutexKey | None, weight: int) -> None:
-        """One sample of `th` with this stack (and futex wait: (tid, word, ips, why))."""
+    def _woken(self, th: _Thread, weight: int) -> None:
+        """A thread /proc says is running: on a CPU, or runnable. Runnable inside a
+        futex wait it slept in (woken, its kernel stack still in the futex wait, not
+        yet back on a CPU) is a sample of that wait: the wait lasts until it runs
+        again. Its time is the thread's [runnable] time, so the sample counts for the
+        futex wait only, not for its off-CPU stacks."""
+        regs = self._regs(th)
+        if regs is None or not regs.kernel:  # on a CPU
+            return
+        if regs.orig_ax != SYS_FUTEX or (regs.si & FUTEX_CMD_MASK) not in FUTEX_WAIT_OPS:
+            self._off_cpu[th.tid] += weight  # preempted
+            return
+        frames = self.symbols.kernel_stack(list(regs.kernel))
+        if not any(f.removesuffix("_[k]").split(".")[0] in FUTEX_SLEEPS for f in frames):
+            self._off_cpu[th.tid] += weight  # preempted on its way in or out of the call, never asleep in it
+            return
+        ips, why, ran = self._user_stack(th, regs.ip, regs.sp, regs.bp)
+        futex = (th.tid, regs.di, ips, why)
+        self._count(th, None, futex, weight)
+        if not ran:
+            th.asleep = (th.runs, None, futex)
+
+    def _regs(self, th: _Thread) -> _Regs | None:
+        """The user registers saved at the thread's last entry to the kernel and its
+        kernel stack, from its iterator (None: the record did not come)."""
+        from bcc import libbcc
+
+        fd = libbcc.lib.bcc_iter_create(self._link(th))
+        if fd < 0:
+            raise OSError(-fd, "bcc_iter_create")
+        try:
+            data = os.read(fd, RECORD.size)
+        finally:
+            os.close(fd)
+        if len(data) != RECORD.size:
+            return None
+        sp, ip, bp, orig_ax, di, si, kbytes, *kstack = RECORD.unpack(data)
+        return _Regs(sp, ip, bp, orig_ax, di, si, tuple(kstack[: max(0, kbytes) // 8]))
+
+    def _user_stack(self, th: _Thread, pc: int, sp: int, bp: int) -> tuple[tuple[int, ...], str, bool]:
+        """(ips, why the walk stopped, whether the thread ran since the look) from the
+        registers of a thread off the CPU."""
+        stack = self._stack(sp)
+        try:
+            ran = _schedstat(th.schedstat, 0)[1] != th.runs
+        except (OSError, ValueError):
+            ran = True
+        if ran:  # it woke and ran since the sample: its stack may have changed under the read
+            return (pc,), "stack not readable", True
+        ips, why = self._walk(pc, sp, bp, stack)
+        return ips, why, False
+
+    def _count(self, th: _Thread, key: StackKey | None, futex: FutexKey | None, weight: int) -> None:
+        """One sample of `th` with this stack (None: a wait for a CPU, counted with the
+        thread's [runnable] time) and futex wait: (tid, word, ips, why)."""
         self._samples += 1
-        self._stacks[key] += weight
+        self._off_cpu[th.tid] += weight
+        if key is not None:
+            self._stacks[key] += weight
         if futex is not None:
             word = futex[1]
-            entry = self._futex.setdefault(futex, [0, 0])
+            entry = self._futex.setdefault(futex, [0, 0, 0])
             entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
             entry[1] += weight
+            entry[2] += 1
             th.wait = (word, th.runs)
 
     def _stack(self, sp: int) -> bytes:
@@ -430,6 +503,7 @@ class OffSampleCollector(BpfCollector):
                     pass
             stacks = dict(self._stacks)
             futex = {k: list(v) for k, v in self._futex.items()}
+            off_cpu = dict(self._off_cpu)
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
             looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
         offcpu_ns: dict[int, int] = {}
@@ -444,7 +518,6 @@ class OffSampleCollector(BpfCollector):
             sampled[(tid, self._frames(ips, why, kernel))] += ns
         asleep = {tid: off - runnable_ns[tid] for tid, off in offcpu_ns.items()}
         scaled = to_totals(sampled, asleep)
-        scale = _scales(sampled, scaled)
         for tid, ns in runnable_ns.items():
             if ns:
                 scaled[(tid, (RUNNABLE_FRAME,))] = ns
@@ -452,10 +525,13 @@ class OffSampleCollector(BpfCollector):
             if asleep[tid]:
                 scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for (tid, word, ips, why), (n, ns) in futex.items():
-            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0])
+        for (tid, word, ips, why), (n, ns, looks) in futex.items():
+            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0])
             w[0] += n
-            w[1] += round(ns * scale.get(tid, 1.0))
+            w[1] += (
+                round(ns * offcpu_ns[tid] / off_cpu[tid]) if offcpu_ns.get(tid) and off_cpu.get(tid) else ns
+            )
+            w[2] += looks
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
         return _Snapshot(
@@ -486,13 +562,16 @@ class OffSampleCollector(BpfCollector):
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
 
 
-def _scales(
-    sampled: dict[tuple[int, tuple[str, ...]], int], scaled: dict[tuple[int, tuple[str, ...]], int]
-) -> dict[int, float]:
-    """tid -> the factor to_totals scaled that thread's stacks by."""
-    before: dict[int, int] = defaultdict(int)
-    after: dict[int, int] = defaultdict(int)
-    for key, ns in sampled.items():
-        before[key[0]] += ns
-        after[key[0]] += scaled[key]
-    return {tid: after[tid] / ns for tid, ns in before.items() if ns}
+def _keep_timing() -> None:
+    """This thread back to SCHED_OTHER at LOOK_NICE when kvprof's yield (SCHED_IDLE, nice
+    WATCH_NICE: kvprof.system.attach) reached it: a look must come when its timer says,
+    not when a CPU is free, or it finds the target's threads waiting more often than
+    they do. Not root: it keeps what it was given."""
+    tid = threading.get_native_id()
+    try:
+        if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        if os.getpriority(os.PRIO_PROCESS, tid) != LOOK_NICE:
+            os.setpriority(os.PRIO_PROCESS, tid, LOOK_NICE)
+    except OSError:
+        pass

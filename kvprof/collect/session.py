@@ -161,6 +161,7 @@ class Session:
         self.stats_before: dict[str, dict[str, str]] = {}  # the target's own counters at the window's start
         self.active: list[Any] = []
         self.started_at = 0.0
+        self._edge: tuple[float, float] | None = None  # (wall, monotonic) when offcpu's last read began
         self._t0 = 0.0
         self._base: Profile | None = None  # what was counted before the window started
         self._modules: list[Module] = []  # the compiled BCC modules the active collectors attached to
@@ -253,10 +254,12 @@ class Session:
         # cover the same window, and the target's own stats are read at this
         # point for the ground truth.
         self._base = self._read(probes_first=False)
+        # the window's clock starts as offcpu's base read begins (its per-thread totals
+        # run up to that moment; its stacks are named after): time between the two
+        # would be counted in the threads' totals but not in the window
+        self.started_at, self._t0 = self._edge or (time.time(), time.monotonic())
         self._events[0] = self._events[1]
         self._meter.start(self._programs())
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
 
     def _say(self, name: str, state: str, on_state: Callable[[str, str], None] | None) -> None:
         with self._lock:
@@ -492,7 +495,10 @@ class Session:
         stacks_last = sorted(
             active, key=lambda c: -1 if c.name in READ_AT_THE_EDGES else c.name in STACK_COLLECTORS
         )
+        self._edge = None
         for collector in stacks_last if probes_first else stacks_last[::-1]:
+            if collector.name in READ_AT_THE_EDGES:
+                self._edge = (time.time(), time.monotonic())
             collector.contribute(profile)
         warnings, notes = debuginfod.said()  # what the names above were read from
         profile.status.warnings += warnings

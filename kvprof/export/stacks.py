@@ -4,9 +4,10 @@
 - `offcpu`: off-CPU time (`offcpu.stacks`), valued in ns.
 - `locks`: lock wait time by call site, valued in ns (or in waits). The kvs
   lock probes (`locks[].stacks`) give the call path and the lock's name; each
-  stack gets the lock as a leaf frame `[lock NAME]`. Futex waits
-  (`offcpu.futex`) add the locks the probes do not see (any program's
-  mutexes), with the leaf `[futex 0xADDR]`. A futex wait that the probes
+  stack gets the lock as a leaf frame `[lock NAME]`. Futex waits on a lock's
+  acquisition path (`offcpu.futex`, kvprof.analysis.tables.lock_waits: not a
+  condition variable or a join) add the locks the probes do not see (any
+  program's mutexes), with the leaf `[futex 0xADDR]`. A futex wait that the probes
   already timed is left out, or the same wait would count twice: its word
   is within 64 bytes of a probed lock (glibc's mutex word sits at its start),
   or its call path (lock plumbing removed) is that of a probed lock stack.
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvprof.analysis.hotspots import is_wrapper
-from kvprof.analysis.tables import offcpu_stacks
+from kvprof.analysis.tables import lock_waits, offcpu_stacks
 from kvprof.model.profile import Profile
 
 
@@ -102,7 +103,7 @@ def stacks(profile: Profile, kind: str, value: str | None = None) -> list[Stack]
             if v > 0:
                 out.append(Stack(_clean([*ls.frames, f"[lock {lk.name}]"]), v, tid))
     addresses = [lk.address for lk in profile.locks if lk.address]
-    for fw in profile.offcpu.futex:
+    for fw in lock_waits(profile):
         if any(0 <= fw.uaddr - a < 64 for a in addresses):
             continue
         site = _site_path(fw.frames)

@@ -78,7 +78,8 @@ def _offcpu(new: OffCpu, old: OffCpu) -> OffCpu:
         o = fx.get((f.tid, f.uaddr, tuple(f.frames)))
         waits, wait_ns = f.waits - (o.waits if o else 0), f.ns - (o.ns if o else 0)
         if waits > 0 or wait_ns > 0:
-            futex.append(replace(f, waits=waits, ns=wait_ns))
+            samples = max(0, f.samples - (o.samples if o else 0))
+            futex.append(replace(f, waits=waits, ns=wait_ns, samples=samples))
     return OffCpu(stacks=stacks, futex=futex)
 
 

@@ -124,6 +124,9 @@ class FutexWait:
     name: str = (
         ""  # the data symbol that holds the futex word (`stats_lock+0x8`), or `heap 0x...`/`stack 0x...`
     )
+    # the looks that saw these waits when sampled (`ns` is then an estimate from that many
+    # samples); 0: every wait timed (--offcpu-hz 0)
+    samples: int = 0
 
 
 @dataclass

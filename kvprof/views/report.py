@@ -156,7 +156,16 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
 
 # the fields of each table's rows that --json has (docs/report.md), in its order
 JSON_FIELDS = {
-    "locks": ("name", "waits", "waits_per_s", "wait_ms_per_s", "max_ms", "threads", "call_site"),
+    "locks": (
+        "name",
+        "waits",
+        "waits_per_s",
+        "wait_ms_per_s",
+        "wait_ms_per_s_err90",
+        "max_ms",
+        "threads",
+        "call_site",
+    ),
     "cachelines": (
         "site",
         "line",
@@ -471,16 +480,17 @@ def _functions_section(profile: Profile, top: int) -> list[str]:
 
 
 def _lock_line(lr: LockRow) -> str:
+    err = "" if lr.wait_ms_per_s_err90 is None else "±" + _n(lr.wait_ms_per_s_err90)
     return (
-        f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}"
-        f"{'-' if lr.max_ms is None else _n(lr.max_ms):>9}{lr.threads:>5}  " + _fit(lr.call_site, WIDTH - 51)
+        f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}{err:>7}"
+        f"{'-' if lr.max_ms is None else _n(lr.max_ms):>8}{lr.threads:>4}  " + _fit(lr.call_site, WIDTH - 55)
     )
 
 
 def _locks_section(profile: Profile) -> list[str]:
     return _table(
-        "LOCKS (contended acquisitions only)",
-        f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'max ms':>9}{'thr':>5}  call site",
+        "LOCKS (contended acquisitions only; ±: a sampled wait's 90 % interval)",
+        f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'±90%':>7}{'max ms':>8}{'thr':>4}  call site",
         "no contended lock",
         lock_rows(profile),
         _lock_line,

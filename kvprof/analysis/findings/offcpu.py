@@ -1,48 +1,17 @@
-"""Findings on time off the CPU: futexes that are not a kvs lock (a contended mutex,
-a condition wait), and threads blocked (not idle) in a wait point."""
+"""Findings on time off the CPU: futexes that are not a kvs lock, waited for on a lock's
+acquisition path (a contended mutex or rwlock), and threads blocked (not idle) in a
+wait point. Idle waits (condition variables, joins, epoll, sleeps: kvprof.analysis.waits)
+are in neither."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from kvprof.analysis.findings.common import Context, explain, severity_of, wait_cost
-from kvprof.analysis.hotspots import call_site, match_function, normalize
+from kvprof.analysis.hotspots import call_site, match_function
 from kvprof.analysis.tables import THREADS_NAMED, locks, offcpu_stacks
+from kvprof.analysis.waits import is_idle
 from kvprof.model.profile import Finding
-
-# Off-CPU waits that mean "nothing to do", not "blocked": leaf-most user frames.
-IDLE_WAITS = frozenset(
-    {
-        "epoll_wait",
-        "epoll_pwait",
-        "epoll_pwait2",
-        "poll",
-        "ppoll",
-        "select",
-        "pselect",
-        "pselect6",
-        "accept",
-        "accept4",
-        "nanosleep",
-        "clock_nanosleep",
-        "usleep",
-        "sleep",
-        "pause",
-        "sigwait",
-        "sigwaitinfo",
-        "sigtimedwait",
-        "pthread_cond_wait",
-        "pthread_cond_timedwait",
-        "do_epoll_wait",
-        "ep_poll",
-        "io_getevents",
-        "io_uring_enter",
-    }
-)
-
-
-def _is_idle(frames: list[str]) -> bool:
-    return any(normalize(f) in IDLE_WAITS for f in frames)
 
 
 def _fmt_tids(tids: list[str], names: dict[str, str]) -> str:
@@ -88,14 +57,16 @@ def _futex_findings(c: Context) -> list[Finding]:
                     **wait_cost(c, nwaits, wait_s_per_s, share),
                     "threads": float(len(per_thread)),
                     "est_s_per_s": wait_s_per_s,
+                    # sampled (--offcpu-hz above 0): the 90 % interval's half-width
+                    **({} if lk.err90_ns is None else {"wait_ms_per_s_err90": lk.err90_ns / 1e6 / c.dur}),
                 },
                 sites=site_names,
                 **explain(
                     hot,
-                    "Threads slept in the kernel waiting on this futex: a contended mutex, or a "
-                    "condition variable or semaphore they were waiting on. The stack shows which.",
-                    "If it is a mutex, shorten or split its critical section or make the data "
-                    "per-thread; if it is a condition variable, check that the waiting is by design.",
+                    "Threads slept in the kernel waiting on this futex from a lock's acquisition "
+                    "path (pthread_mutex_lock, an rwlock): the lock was held by another thread, "
+                    "and each wait lasted until the waiter was back on a CPU.",
+                    "Shorten or split the critical section, or make the data it guards per-thread.",
                 ),
             )
         )
@@ -108,7 +79,7 @@ def _blocked_findings(c: Context) -> list[Finding]:
     out: list[Finding] = []
     points: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for st in offcpu_stacks(c.p):
-        if not st.frames or _is_idle(st.frames) or st.placeless():
+        if not st.frames or is_idle(st.frames) or st.placeless():
             # a wait for a CPU is no wait point (analysis.whatif counts it as busy), nor is a sleep not seen
             continue
         points[call_site(st.frames)][str(st.tid)] += st.ns
