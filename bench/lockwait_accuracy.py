@@ -21,7 +21,7 @@ The windows agree to within the reads at their edges: kvprof counts a wait when
 the thread next leaves the CPU, bpftrace when it is back on one, so a wait in
 flight at either edge may fall on the other side in one of them (a few ms
 against seconds of waiting). The JSON written (--out, by default
-bench/results/lockwait-accuracy.json) has the machine, kvprof's version, the
+bench/results/lockwait-accuracy-*.json) has the machine, kvprof's version, the
 settings and every run's figures and ratio; --json prints it instead.
 
     sudo .venv/bin/python bench/lockwait_accuracy.py [--runs 5] \

@@ -3,7 +3,7 @@ window, every switch-out of the target's threads asleep in glibc's lock wait unt
 they are back on a CPU (bench/lockwait.bt, run by bench/lockwait_accuracy.py).
 
 One paired run per target (DURATION), not the five of the benchmark
-(bench/results/lockwait-accuracy.json has those): each run costs a recording plus
+(bench/results/lockwait-accuracy-*.json has those): each run costs a recording plus
 bpftrace's start, and a run per case keeps this file near a minute and a half.
 Exact mode (--offcpu-hz 0) must agree within 10 %: only the waits in flight at the
 window's two edges can differ. The sampled default is run once, on sysbench: its
