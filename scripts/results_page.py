@@ -51,7 +51,7 @@ SECTIONS = (
         "The ceiling kvprof predicts from a recording of kvcached at one worker (its first rung, the "
         "topkeys mutex), over the throughput two workers reach, with and without a slower topkeys "
         "critical section (`--topkeys-hold-ns`); beside it plain scaling, twice one worker's throughput.",
-        "sudo kvprof bench --scenario ceiling --runs 3 --results bench/results",
+        "sudo kvprof bench --scenario ceiling --runs=3 --results bench/results",
     ),
     (
         "bench-",
