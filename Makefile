@@ -23,7 +23,7 @@ else
   AS_ROOT := sudo -E PYTHONDONTWRITEBYTECODE=1
 endif
 
-.PHONY: all setup build test lint demo clean distclean
+.PHONY: all setup build install test lint demo clean distclean
 
 all: build
 
@@ -33,6 +33,12 @@ setup:
 build:
 	$(MAKE) -C server
 	$(MAKE) -C server sanitize
+
+# kvcached, kvload and kvprof-atomics (kvprof bench's) into $(PREFIX)/bin, where an
+# installed kvprof finds them on PATH; needs gcc, make and systemtap-sdt-dev (docs/install.md).
+PREFIX ?= /usr/local
+install:
+	$(MAKE) -C server install PREFIX=$(abspath $(PREFIX))
 
 test: setup build vm-check vm-test
 	$(MAKE) -C server check

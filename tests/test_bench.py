@@ -471,7 +471,9 @@ def test_pingpong_round_trip_is_measured() -> None:
     """atomics --mode pingpong hands a line between two pinned threads: a round trip of tens to
     thousands of ns (never 0 or the time slice of one shared CPU); it needs exactly two threads."""
     bad = subprocess.run(
-        [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
+        [str(placement.atomics_binary()), "--mode", "pingpong", "--threads", "3"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 64 and "pingpong: 2" in bad.stderr
     cpus = placement.probe_cpus() or (0, 1)
@@ -494,7 +496,7 @@ def test_pingpong_realtime_measures_on_a_busy_machine() -> None:
     cpus = placement.probe_cpus() or (0, 1)
     busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4)]
     try:
-        argv = [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus",
+        argv = [str(placement.atomics_binary()), "--mode", "pingpong", "--threads", "2", "--cpus",
                 f"{cpus[0]},{cpus[1]}", "--duration-ms", "20", "--realtime", "--json"]  # fmt: skip
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     finally:
@@ -747,15 +749,15 @@ def _git(cwd: Path, *args: str) -> str:
 
 @pytest.fixture
 def small_repo(tmp_path: Path) -> Path:
-    """A new git repository holding this tree's server/ and probes/ in two commits (the second
-    changes a comment), /build/ ignored as in ours."""
-    from kvprof import REPO
+    """A new git repository holding this tree's server/ and kvprof/probes/ in two commits (the
+    second changes a comment), /build/ ignored as in ours."""
+    from support import REPO
 
     repo = tmp_path / "repo"
     repo.mkdir()
     skip = shutil.ignore_patterns("build", "build-*", "*.o")
     shutil.copytree(REPO / "server", repo / "server", ignore=skip)
-    shutil.copytree(REPO / "probes", repo / "probes", ignore=skip)
+    shutil.copytree(REPO / "kvprof" / "probes", repo / "kvprof" / "probes", ignore=skip)
     (repo / ".gitignore").write_text("/build/\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")

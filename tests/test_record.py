@@ -362,7 +362,7 @@ def test_a_missing_python_package_fails_one_collector_not_the_recording(
     assert "Traceback" not in r.stderr, r.stderr
     p = Profile.load(out)
     assert p.status.collectors["oncpu"].startswith("failed: oncpu cannot load"), p.status.collectors
-    assert "scripts/provision.sh" in p.status.collectors["oncpu"]
+    assert "`kvprof doctor` says what to install" in p.status.collectors["oncpu"]
     assert p.status.collectors["cachelines"] == "ok", p.status.collectors
     assert_nothing_attached(kvcached)
 
