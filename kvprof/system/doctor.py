@@ -190,22 +190,26 @@ def check_bcc() -> Check:
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     if errors:
         why += f"; {errors[0].strip()}"
+    return Check("BCC", FAIL, why, bcc_fix(why))
+
+
+def bcc_fix(why: str, base_prefix: str = sys.base_prefix, prefix: str = sys.prefix) -> str:
+    """The fix for BCC's self-test failing with `why`, in the Python of `base_prefix`
+    (the distribution's is /usr) and the venv (or not) at `prefix`."""
     if not why.startswith("BCC is not importable"):  # it imports, but cannot compile or load
-        fix = f"{INSTALL_BCC} linux-headers-{os.uname().release}"
-    elif _venv_without_system_packages():
-        fix = f"{INSTALL_BCC}, then kvprof in a venv made with --system-site-packages ({sys.prefix} is not)"
-    else:
-        fix = INSTALL_BCC
-    return Check("BCC", FAIL, why, fix)
-
-
-def _venv_without_system_packages() -> bool:
-    """Whether this Python is a venv that cannot see the distribution's packages (its BCC)."""
+        return f"{INSTALL_BCC} linux-headers-{os.uname().release}"
+    if base_prefix != "/usr":  # pyenv's, conda's, a built one: the distribution's BCC is /usr's
+        return (
+            f"{INSTALL_BCC}, then kvprof in a venv of the distribution's Python: /usr/bin/python3 -m venv "
+            f"--system-site-packages DIR ({base_prefix}'s Python does not see it)"
+        )
     try:
-        cfg = (Path(sys.prefix) / "pyvenv.cfg").read_text()
-    except OSError:
-        return False  # not a venv: the system's Python sees them
-    return re.search(r"^include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I) is None
+        cfg = (Path(prefix) / "pyvenv.cfg").read_text()
+    except OSError:  # not a venv: the distribution's Python sees its packages
+        return INSTALL_BCC
+    if re.search(r"^include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I) is None:
+        return f"{INSTALL_BCC}, then kvprof in a venv made with --system-site-packages ({prefix} is not)"
+    return INSTALL_BCC
 
 
 def check_bpf_sources() -> Check:
