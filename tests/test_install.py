@@ -36,7 +36,7 @@ from support import KVPROF, REPO, bpf_unavailable, kvload, wait_until
 from kvprof import __version__
 from kvprof.collect import PROBE_FILES, PROBES_DIR
 from kvprof.model.profile import Profile
-from kvprof.system.servers import Server, start_kvcached, start_memcached
+from kvprof.system.servers import Server, free_port, start_kvcached, start_memcached
 
 SOURCES = ("pyproject.toml", "README.md", "kvprof")  # what `pip wheel` reads of the checkout
 
@@ -285,34 +285,54 @@ def test_top_in_tmux(installed: Installed, tmp_path: Path, end: str, expected: i
 # ---- started in the background of a script ---------------------------------------------
 
 
+def _in_the_background(args: str, pid: int, ready: str, log: Path) -> tuple[int, float]:
+    """`kvprof ARGS &` in `bash -c` (SIGINT ignored, as a shell leaves a background job),
+    sent SIGINT once its log says `ready`: (its exit status, seconds it took to end)."""
+    assert _background_ignores_sigint(), "bash did not start its job with SIGINT ignored: nothing to test"
+    pid_file = log.with_suffix(".pid")
+    script = f"{' '.join(KVPROF)} {args} 2>{log} & echo $! >{pid_file}; wait $!"
+    shell = subprocess.Popen(["bash", "-c", script, "bash", str(pid)], cwd=REPO)
+    try:
+        said = wait_until(lambda: log.exists() and ready in log.read_text(), 90)
+        assert said, log.read_text() if log.exists() else "no log"
+        os.kill(int(pid_file.read_text()), signal.SIGINT)
+        sent = time.monotonic()
+        status = shell.wait(50)  # well inside the 60 s or more it was asked for
+        return status, time.monotonic() - sent
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+
+
 def test_record_in_the_background_stops_on_sigint(tmp_path: Path) -> None:
-    """`kvprof record -p PID -d 60 &` in `bash -c` (SIGINT ignored, as a shell leaves a
-    background job) stops soon after a SIGINT, exits 130 and writes what it collected."""
+    """`kvprof record -p PID -d 60 &` stops soon after a SIGINT, exits 130 and writes what
+    it collected, marked as stopped early."""
     why = bpf_unavailable()
     if why is not None:
         pytest.skip(why)
-    assert _background_ignores_sigint(), "bash did not start its job with SIGINT ignored: nothing to test"
-    out, log, pid_file = tmp_path / "bg.json.gz", tmp_path / "record.log", tmp_path / "pid"
-    argv = " ".join(KVPROF)
-    script = f"{argv} record -p $1 -d 60 -o {out} 2>{log} & echo $! >{pid_file}; wait $!"
+    out, log = tmp_path / "bg.json.gz", tmp_path / "record.log"
     with start_memcached() as server:
-        shell = subprocess.Popen(["bash", "-c", script, "bash", str(server.pid)], cwd=REPO)
-        try:
-            assert wait_until(lambda: "collecting" in log.read_text() if log.exists() else False, 90), (
-                log.read_text()
-            )
-            os.kill(int(pid_file.read_text()), signal.SIGINT)
-            sent = time.monotonic()
-            status = shell.wait(50)  # well inside the 60 s it was asked for
-            took = time.monotonic() - sent
-        finally:
-            if shell.poll() is None:
-                shell.kill()
+        status, took = _in_the_background(f"record -p $1 -d 60 -o {out}", server.pid, "collecting", log)
     assert status == 130, log.read_text()
     assert took < 30, f"stopped {took:.1f} s after SIGINT"
     with gzip.open(out, "rt") as f:
         warnings = json.load(f)["status"]["warnings"]
     assert any(w.startswith("stopped early by SIGINT") for w in warnings), warnings
+
+
+def test_exporter_in_the_background_stops_on_sigint(tmp_path: Path) -> None:
+    """`kvprof exporter -p PID &` detaches on a SIGINT and exits 0, its normal end."""
+    why = bpf_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    log = tmp_path / "exporter.log"
+    with start_memcached() as server:
+        args = f"exporter -p $1 --listen 127.0.0.1:{free_port()}"
+        status, took = _in_the_background(args, server.pid, "SIGTERM or Ctrl-C detaches", log)
+    assert status == 0, log.read_text()
+    assert took < 30, f"stopped {took:.1f} s after SIGINT"
+    assert "kvprof exporter: detached after" in log.read_text()
 
 
 def _background_ignores_sigint() -> bool:
