@@ -22,7 +22,7 @@ MEMCASLAP_OVERWRITE = 0.9  # most sets overwrite, so the key set grows slowly
 
 
 def kvload_binary() -> Path:
-    """The kvload to run (kvprof.system.servers.lab_binary)."""
+    """The kvload to run (kvprof.system.lab.lab_binary)."""
     try:
         return lab_binary("kvload")
     except TargetError as e:

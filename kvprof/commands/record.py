@@ -46,7 +46,10 @@ DESCRIPTION = """\
 Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU
 and futex waits; on kvcached also lock waits, cache-line transfers and request
 latency from its kvs probes), collect for a while, and write a profile file.
-Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."""
+Needs root. Everything is detached at the end, on Ctrl-C or SIGTERM (also when
+started in the background of a script) or when the target dies. Exit status: 0
+written; 130 or 143 stopped early by SIGINT or SIGTERM, written with what came
+before; 2 nothing written."""
 
 EXAMPLES = """\
 examples:
