@@ -23,7 +23,7 @@ else
   AS_ROOT := sudo -E PYTHONDONTWRITEBYTECODE=1
 endif
 
-.PHONY: all setup build test lint demo clean distclean
+.PHONY: all setup build wheel install test lint demo clean distclean
 
 all: build
 
@@ -33,6 +33,18 @@ setup:
 build:
 	$(MAKE) -C server
 	$(MAKE) -C server sanitize
+
+# dist/kvprof-<version>-py3-none-any.whl, offline with the .venv's setuptools; setuptools'
+# staging in build/ goes first, so that no file since deleted from kvprof/ reaches the wheel.
+wheel: setup
+	rm -rf build/lib build/bdist.*
+	$(VENV)/bin/pip wheel --no-deps --no-build-isolation -q -w dist .
+
+# kvcached, kvload and kvprof-atomics (kvprof bench's) into $(PREFIX)/bin, where an
+# installed kvprof finds them on PATH; needs gcc, make and systemtap-sdt-dev (docs/install.md).
+PREFIX ?= /usr/local
+install:
+	$(MAKE) -C server install PREFIX=$(abspath $(PREFIX))
 
 test: setup build vm-check vm-test
 	$(MAKE) -C server check
@@ -122,7 +134,7 @@ demo: setup build
 
 clean:
 	$(MAKE) -C server clean
-	rm -rf server/build-lint .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf server/build-lint .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info dist build/lib build/bdist.*
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -85,7 +85,8 @@ def recording(pid: int, seconds: float, out: Path) -> None:
     symbols.Symbolizer.frames_at = symbolized.wrap(symbols.Symbolizer.frames_at)  # type: ignore[method-assign]
     for inlines in (True, False):
         t0 = cpu_s()
-        profile, _ = record(RecordOptions(pid=pid, duration=seconds, output=out, inline=inlines, quiet=True))
+        opts = RecordOptions(pid=pid, duration=seconds, output=out, inline=inlines, quiet=True)
+        profile, _, _ = record(opts)
         used = cpu_s() - t0
         seen = frames(profile)
         marked = [f for f in seen if f.endswith(INLINED)]

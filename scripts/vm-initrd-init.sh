@@ -3,7 +3,7 @@
 # /init of the initrd that scripts/vm-test.sh makes for its two-socket guest.
 # Debian's kernel has virtio and ext4 as modules, so this loads them (busybox
 # modprobe over the modules vm-test.sh copied in), mounts the rootfs from the
-# first disk, unpacks the payload (this checkout's kvprof, probes, kvcached and
+# first disk, unpacks the payload (this checkout's kvprof with its probes, kvcached and
 # kvload, as a tar on the second disk) into it, and hands over to
 # scripts/vm-guest-init.sh. The rootfs disk is opened with snapshot=on, so
 # nothing written here reaches the cached image.

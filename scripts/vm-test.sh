@@ -26,7 +26,7 @@
 #   kernel   Debian's linux-image-$KVER (vmlinuz and the modules the initrd needs)
 #   initrd   busybox-static + virtio/ext4 modules + scripts/vm-initrd-init.sh
 #   image    the rootfs as an ext4 image (mkfs.ext4 -d: no loop device, no mount)
-#   payload  this checkout's kvprof/, probes/, kvcached, kvload and
+#   payload  this checkout's kvprof/ (its BPF programs in kvprof/probes/), kvcached, kvload and
 #            scripts/vm-guest-init.sh as a tar on a second disk
 #   boot     qemu-system-x86_64 -accel tcg -smp 4,sockets=2,cores=2 with two
 #            NUMA nodes; the guest runs scripts/vm-guest-init.sh and writes its
@@ -350,7 +350,7 @@ make_payload() {
     } >"$RUN/vm.env"
     tar -c -f "$RUN/payload.tar" --owner=0 --group=0 \
         --exclude=__pycache__ --exclude='*.pyc' \
-        -C "$REPO" kvprof probes server/build/kvcached server/build/kvload scripts/vm-guest-init.sh \
+        -C "$REPO" kvprof server/build/kvcached server/build/kvload scripts/vm-guest-init.sh \
         -C "$RUN" vm.env
     # The guest writes its output tar from the start of this disk.
     truncate -s 64M "$RUN/out.img"

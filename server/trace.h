@@ -1,4 +1,4 @@
-/* The kvs USDT probes (generated from probes/kvs.d) and the per-thread
+/* The kvs USDT probes (generated from kvprof/probes/kvs.d) and the per-thread
  * sampling of per-request probes. */
 #ifndef KV_TRACE_H
 #define KV_TRACE_H

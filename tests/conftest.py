@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from support import (
     CONTEND_SOURCE,
+    REPO,
     Unprivileged,
     Wire,
     assert_clean_exit,
@@ -42,7 +43,6 @@ from support import (
     vmrss_mb,
 )
 
-from kvprof import REPO
 from kvprof.collect.pyspy import binary as pyspy_binary
 from kvprof.system.servers import Server, kvcached_binary, start_kvcached, start_memcached
 

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pytest
 from wire_client import Value, Wire
 
-from kvprof import REPO
 from kvprof.collect import CollectOptions
 from kvprof.model.profile import (
     CacheLineStat,
@@ -58,6 +57,8 @@ if TYPE_CHECKING:
 
     from kvprof.tui.app import TopApp
     from kvprof.tui.sources import Source
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout the tests run from
 
 __all__ = ["Value", "Wire"]  # the wire client, shared from here like everything else
 
@@ -757,6 +758,7 @@ def _profile(locks: list[LockStat], lines: list[CacheLineStat], topkeys_cpu: int
         per_thread[str(s.tid)] += s.count
     idle = ["start_thread", "worker_main", "ev_run", "epoll_wait", "do_epoll_wait_[k]", "schedule_[k]"]
     return Profile(
+        kvprof_version="0.1.0",  # fixed, so the golden reports outlive a version bump
         target=Target(
             pid=int(MAIN),
             comm="kvcached",

@@ -14,7 +14,7 @@ import pytest
 
 from kvprof.collect import CollectError, CollectOptions
 from kvprof.collect.session import TargetGone, alive, describe_target
-from kvprof.system.attach import ignore_stop_signals, open_session, stop_on_signals
+from kvprof.system.attach import ignore_stop_signals, open_session, signal_status, stop_on_signals, stopped_by
 
 
 def test_a_gone_pid_and_a_kernel_thread_are_one_line() -> None:
@@ -87,6 +87,24 @@ def test_sigterm_is_a_keyboard_interrupt_inside_and_the_handlers_come_back() -> 
         ignore_stop_signals(signal.SIGHUP)
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_sigint_stops_inside_even_when_it_came_in_ignored() -> None:
+    """A background job of a shell starts with SIGINT ignored: inside, SIGINT raises
+    KeyboardInterrupt all the same (no argument, as Python's own), read back as SIGINT and
+    exit status 130; after, it is ignored again."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught, stop_on_signals():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)  # the handler raises as soon as it runs
+            raise AssertionError("no KeyboardInterrupt")
+        assert caught.value.args == ()
+        assert stopped_by(caught.value) == signal.SIGINT and signal_status(signal.SIGINT) == 130
+        assert stopped_by(KeyboardInterrupt("SIGTERM")) == signal.SIGTERM
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 WATCHER = """

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyperf
 import pytest
-from support import KVPROF
+from support import KVPROF, REPO
 
 from kvprof.bench import atomics, history, instructions, placement, results, scenarios, stats, table
 from kvprof.bench.loadgen import parse_memcaslap
@@ -471,7 +471,9 @@ def test_pingpong_round_trip_is_measured() -> None:
     """atomics --mode pingpong hands a line between two pinned threads: a round trip of tens to
     thousands of ns (never 0 or the time slice of one shared CPU); it needs exactly two threads."""
     bad = subprocess.run(
-        [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "3"], capture_output=True, text=True
+        [str(placement.atomics_binary()), "--mode", "pingpong", "--threads", "3"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 64 and "pingpong: 2" in bad.stderr
     cpus = placement.probe_cpus() or (0, 1)
@@ -494,7 +496,7 @@ def test_pingpong_realtime_measures_on_a_busy_machine() -> None:
     cpus = placement.probe_cpus() or (0, 1)
     busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(4)]
     try:
-        argv = [str(placement.ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus",
+        argv = [str(placement.atomics_binary()), "--mode", "pingpong", "--threads", "2", "--cpus",
                 f"{cpus[0]},{cpus[1]}", "--duration-ms", "20", "--realtime", "--json"]  # fmt: skip
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     finally:
@@ -747,15 +749,13 @@ def _git(cwd: Path, *args: str) -> str:
 
 @pytest.fixture
 def small_repo(tmp_path: Path) -> Path:
-    """A new git repository holding this tree's server/ and probes/ in two commits (the second
-    changes a comment), /build/ ignored as in ours."""
-    from kvprof import REPO
-
+    """A new git repository holding this tree's server/ and kvprof/probes/ in two commits (the
+    second changes a comment), /build/ ignored as in ours."""
     repo = tmp_path / "repo"
     repo.mkdir()
     skip = shutil.ignore_patterns("build", "build-*", "*.o")
     shutil.copytree(REPO / "server", repo / "server", ignore=skip)
-    shutil.copytree(REPO / "probes", repo / "probes", ignore=skip)
+    shutil.copytree(REPO / "kvprof" / "probes", repo / "kvprof" / "probes", ignore=skip)
     (repo / ".gitignore").write_text("/build/\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
@@ -764,6 +764,11 @@ def small_repo(tmp_path: Path) -> Path:
         f.write("/* the second revision */\n")
     _git(repo, "commit", "-qam", "two")
     return repo
+
+
+# kvprof run in the small repository: -P keeps its kvprof/ (probes only) off sys.path, where
+# `python -m` would import it as a namespace package instead of kvprof
+IN_SMALL_REPO = [sys.executable, "-P", "-m", "kvprof"]
 
 
 def test_rev_end_to_end(small_repo: Path, tmp_path: Path) -> None:
@@ -788,7 +793,9 @@ def test_rev_end_to_end(small_repo: Path, tmp_path: Path) -> None:
         "0",
     ]
     argv += ["--history", str(hist), "-o", str(out)]
-    first = subprocess.run([*KVPROF, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [*IN_SMALL_REPO, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 0, first.stderr
     assert first.stderr.count("building kvcached at ") == 2
     lines = first.stdout.splitlines()
@@ -801,7 +808,9 @@ def test_rev_end_to_end(small_repo: Path, tmp_path: Path) -> None:
     suite = pyperf.BenchmarkSuite.load(str(out))
     meta = suite.get_benchmark("HEAD t=1").get_runs()[0].get_metadata()
     assert meta["revision"] == "HEAD" and meta["commit"] == head
-    second = subprocess.run([*KVPROF, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [*IN_SMALL_REPO, *argv], cwd=small_repo, capture_output=True, text=True, timeout=300
+    )
     assert second.returncode == 0, second.stderr
     assert "building" not in second.stderr and second.stderr.count("(built before)") == 2
     text = " ".join(second.stdout.split())
@@ -825,7 +834,8 @@ def test_rev_bad_input(small_repo: Path) -> None:
         (small_repo.parent, ["--rev", "HEAD"], "is not in a git repository"),
     )
     for cwd, revs, says in cases:
-        proc = subprocess.run([*KVPROF, "bench", *revs], cwd=cwd, capture_output=True, text=True, timeout=300)
+        argv = [*IN_SMALL_REPO, "bench", *revs]
+        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1, proc.stderr
         errors = [line for line in proc.stderr.splitlines() if line.startswith("kvprof bench")]
         assert len(errors) == 1 and says in errors[0], proc.stderr

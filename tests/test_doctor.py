@@ -126,12 +126,11 @@ def test_headers_linked_fallback(tmp_path: Path) -> None:
 
 
 def test_headers_missing_is_fatal_with_fix(tmp_path: Path) -> None:
-    """No build link and no kheaders: FAIL, fixed by provision.sh or the headers package."""
+    """No build link and no kheaders: FAIL, fixed by installing the headers package."""
     host = fake_host(tmp_path)
     c = doctor.check_headers(host)
     assert c.status == "FAIL" and c.fatal
-    assert c.fix is not None and "scripts/provision.sh" in c.fix
-    assert f"apt-get install linux-headers-{RELEASE}" in c.fix
+    assert c.fix == f"apt-get install linux-headers-{RELEASE}"
 
 
 def test_headers_dangling_link_with_kheaders(tmp_path: Path) -> None:
@@ -203,3 +202,34 @@ def test_lines_fit_80_columns() -> None:
     assert all(len(line) <= 80 for line in lines[:-1])
     assert lines[0].startswith("warn  frame pointers: ")
     assert lines[-1] == "      fix: kvprof record --backend perf -p PID"
+
+
+def test_bpf_programs_present() -> None:
+    """Every file kvprof loads is in its package's probes folder: ok, with the folder."""
+    c = doctor.check_bpf_sources()
+    assert c.status == "ok" and str(doctor.PROBES_DIR) in c.finding
+
+
+def test_bpf_programs_missing_is_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package without its BPF programs (installed without package data): FAIL, naming them."""
+    (tmp_path / "common.h").write_text("")
+    monkeypatch.setattr(doctor, "PROBES_DIR", tmp_path)
+    c = doctor.check_bpf_sources()
+    assert c.status == "FAIL" and c.fatal
+    assert c.finding.startswith(f"{len(doctor.PROBE_FILES) - 1} of kvprof's files missing from {tmp_path}")
+    assert "cachelines.bpf.c" in c.finding and c.fix is not None and "docs/install.md" in c.fix
+
+
+def test_bcc_fix_names_the_python_that_cannot_see_it(tmp_path: Path) -> None:
+    """BCC not importable: from pyenv's Python, a venv of /usr/bin/python3; from a venv
+    without system packages, one with them; BCC that imports but cannot compile: headers."""
+    missing = "BCC is not importable: No module named 'bcc'"
+    pyenv = doctor.bcc_fix(missing, "/root/.pyenv/versions/3.11.7", str(tmp_path))
+    assert "/usr/bin/python3 -m venv --system-site-packages" in pyenv and ".pyenv" in pyenv
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    alone = doctor.bcc_fix(missing, "/usr", str(tmp_path))
+    assert alone.endswith(f"then kvprof in a venv made with --system-site-packages ({tmp_path} is not)")
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = true\n")
+    assert doctor.bcc_fix(missing, "/usr", str(tmp_path)) == "apt-get install python3-bpfcc"
+    compile_error = doctor.bcc_fix("Failed to compile BPF module <text>", "/usr", str(tmp_path))
+    assert compile_error == f"apt-get install python3-bpfcc linux-headers-{os.uname().release}"

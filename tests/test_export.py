@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import GOLDEN, SMALL, SVG_NS, kvprof, read_svg
+from support import GOLDEN, REPO, SMALL, SVG_NS, kvprof, read_svg
 
 from kvprof.export import KINDS, ExportError, Options, export, format_of, write
 from kvprof.export.diff import GREW, SHRANK, diff
@@ -31,7 +31,6 @@ from kvprof.export.stacks import fold, stacks
 from kvprof.export.svg import LEGEND_COLOURS, frame_colour
 from kvprof.export.tree import Flame
 from kvprof.model.profile import CpuStack, Profile, Target, ThreadInfo, Window
-from kvprof.system.servers import KVCACHED
 
 REGEN = os.environ.get("KVPROF_REGEN_GOLDEN") == "1"
 
@@ -235,6 +234,9 @@ def test_svg_colours_by_frame_type_with_a_legend(tmp_path: Path) -> None:
     assert doc.named("worker_main")[0].fill == frame_colour(APP, "worker_main")
     assert "On-CPU flame graph: kvcached PID 4242" in doc.text("title")
     assert "14 samples at 99 Hz" in doc.text("subtitle") and "over 2.0 s" in doc.text("subtitle")
+
+
+KVCACHED = REPO / "server" / "build" / "kvcached"
 
 
 @pytest.mark.skipif(not KVCACHED.is_file(), reason="needs server/build/kvcached (make -C server)")

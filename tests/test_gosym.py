@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import KVPROF, record
+from support import KVPROF, REPO, record
 
-from kvprof import REPO
 from kvprof.collect.elf import ElfFile
 from kvprof.collect.gosym import GO_NOTE, read_pclntab
 from kvprof.model.profile import Profile

@@ -162,7 +162,7 @@ def test_no_function_is_over_80_lines() -> None:
 
 
 def test_the_package_root_imports_nothing_of_kvprof() -> None:
-    """kvprof/__init__.py (REPO, SERVER_BUILD, the version) is loaded by every room."""
+    """kvprof/__init__.py (the version) is loaded by every room."""
     assert not import_graph()["kvprof"]
 
 

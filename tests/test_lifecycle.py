@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support import (
     KVPROF,
+    REPO,
     assert_no_uprobes,
     pid_semaphores,
     reaped,
@@ -27,7 +28,6 @@ from support import (
 )
 from textual.widgets import DataTable
 
-from kvprof import REPO
 from kvprof.analysis.tables import THREAD_ROWS
 from kvprof.collect import OFFCPU_HZ, OFFCPU_LOOKS
 from kvprof.collect.debuginfo import ProcessSymbols

@@ -27,14 +27,13 @@ from typing import Any
 
 import load
 import pytest
-from support import Wire, assert_detached, probe_notes, semaphores, worker_tids
+from support import REPO, Wire, assert_detached, probe_notes, semaphores, worker_tids
 
-from kvprof import REPO
 from kvprof.collect import cdefs
 from kvprof.collect.requests import opcode_names
 from kvprof.system.servers import Server, kvcached_binary
 
-KVS_D = REPO / "probes" / "kvs.d"
+KVS_D = REPO / "kvprof" / "probes" / "kvs.d"
 CACHELINE = 64
 # docs/design.md's probe table.
 DESIGN_PROBES = [

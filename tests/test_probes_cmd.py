@@ -14,9 +14,8 @@ from pathlib import Path
 
 import load
 import pytest
-from support import KVPROF, NOBODY, Unprivileged, kvprof
+from support import KVPROF, NOBODY, REPO, Unprivileged, kvprof
 
-from kvprof import REPO
 from kvprof.collect.elf import ElfFile, open_process, read_probes
 from kvprof.system.servers import Server, kvcached_binary
 

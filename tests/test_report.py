@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from support import W0, W1, baseline_profile, fixed_profile, kvprof
 
+from kvprof import __version__
 from kvprof.model.profile import CacheLineStat, Finding, LineThread, Profile, Target
 from kvprof.views.report import render_text, to_json
 
@@ -250,3 +251,20 @@ def test_report_command_output_is_unchanged(name: str, option: str) -> None:
     if os.environ.get("KVPROF_REGEN_GOLDEN"):
         path.write_text(r.stdout)
     assert r.stdout == path.read_text()
+
+
+def test_the_kvprof_version_is_recorded_and_shown(tmp_path: Path) -> None:
+    """A profile carries the version of kvprof that wrote it, and report says it; one from
+    before the field loads, with no such line and `kvprof_version: null` in --json."""
+    path = tmp_path / "new.json"
+    Profile(target=Target(pid=1, comm="x")).save(path)
+    assert json.loads(path.read_text())["kvprof_version"] == __version__
+    new = Profile.load(path)
+    assert f"  recorded by: kvprof {__version__}" in render_text(new).splitlines()
+    assert to_json(new)["kvprof_version"] == __version__
+    body = json.loads(path.read_text())
+    del body["kvprof_version"]
+    path.write_text(json.dumps(body))
+    old = Profile.load(path)
+    assert old.kvprof_version == "" and to_json(old)["kvprof_version"] is None
+    assert "recorded by" not in render_text(old)

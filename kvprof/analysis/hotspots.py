@@ -21,6 +21,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ class Hotspot:
     fix: str = ""
 
 
-CATALOG_FILE = Path(__file__).with_name("hotspots.toml")
+CATALOG_FILE = Path(str(resources.files("kvprof.analysis") / "hotspots.toml"))  # package data
 
 
 def load_catalog(path: Path = CATALOG_FILE) -> tuple[Hotspot, ...]:

@@ -26,7 +26,7 @@ import pyperf  # type: ignore[import-untyped]  # pyperf ships no type informatio
 from kvprof import __version__
 from kvprof.bench import BenchError
 from kvprof.bench.machine import host_metadata, wait_idle
-from kvprof.bench.placement import ATOMICS_BIN, Cpu, sockets
+from kvprof.bench.placement import Cpu, atomics_binary, sockets
 from kvprof.bench.results import Metadata
 
 MODES = ("local", "padded", "false-shared", "shared")  # local first: the reference
@@ -107,13 +107,6 @@ class ConfigRuns:
     config: Config
     ops: list[float]
     meta: list[Metadata]
-
-
-def atomics_binary() -> Path:
-    path = Path(os.environ.get("ATOMICS_BIN", ATOMICS_BIN))
-    if not path.is_file():
-        raise BenchError(f"{path} not found: build it with `make -C server`")
-    return path
 
 
 def run_one(exe: Path, c: Config, duration: float) -> tuple[float, Metadata]:

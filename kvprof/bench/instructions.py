@@ -119,7 +119,7 @@ class VariantRounds:
 def valgrind() -> str:
     exe = shutil.which("valgrind")
     if exe is None:
-        raise BenchError("valgrind not found (Debian package valgrind): run scripts/provision.sh")
+        raise BenchError("valgrind not found: apt-get install valgrind")
     return exe
 
 

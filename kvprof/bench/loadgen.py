@@ -6,28 +6,27 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprof import SERVER_BUILD
 from kvprof.bench import BenchError
 from kvprof.bench.variants import ClientConfig, Variant
+from kvprof.collect.server_stats import TargetError
+from kvprof.system.lab import lab_binary
 
-KVLOAD_BIN = SERVER_BUILD / "kvload"
 MEMCASLAP_KEY_SIZE = 16  # about kvload's key length (`kvload:12345`)
 MEMCASLAP_WINDOW = "1k"  # keys each memcaslap connection works on; its gets hit keys it has set
 MEMCASLAP_OVERWRITE = 0.9  # most sets overwrite, so the key set grows slowly
 
 
 def kvload_binary() -> Path:
-    """The kvload to run: $KVLOAD_BIN if set, else the normal build."""
-    path = Path(os.environ.get("KVLOAD_BIN", KVLOAD_BIN))
-    if not path.is_file():
-        raise BenchError(f"{path} not found: build it with `make -C server`")
-    return path
+    """The kvload to run (kvprof.system.lab.lab_binary)."""
+    try:
+        return lab_binary("kvload")
+    except TargetError as e:
+        raise BenchError(str(e)) from None
 
 
 def tail(text: str, lines: int = 8) -> str:

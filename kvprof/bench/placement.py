@@ -31,12 +31,13 @@ import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from kvprof import SERVER_BUILD
 from kvprof.bench import BenchError
+from kvprof.collect.server_stats import TargetError
 from kvprof.model.topology import Topology
+from kvprof.system.lab import lab_binary
 
-ATOMICS_BIN = SERVER_BUILD / "atomics"  # server/bench/atomics.c: counters and the ping-pong
 PROBE_MS = 30
 MAX_NS = 20_000.0  # no cache line takes this long to go and come back; a descheduled thread does
 # Two round trips within this factor are one placement: the readings of one
@@ -97,11 +98,21 @@ def probe_cpus() -> tuple[int, int] | None:
     return (order[0], order[1]) if len(order) >= 2 else None
 
 
+def atomics_binary() -> Path:
+    """server/bench/atomics.c's program, counters and the ping-pong (lab_binary)."""
+    try:
+        return lab_binary("atomics")
+    except TargetError as e:
+        raise BenchError(str(e)) from None
+
+
 def round_trip_ns(cpus: tuple[int, int], ms: int = PROBE_MS) -> float:
     """ns for one cache line to go to the other CPU and back (NaN when the probe cannot run)."""
-    if not ATOMICS_BIN.exists():
+    try:
+        exe = atomics_binary()
+    except BenchError:
         return math.nan
-    argv = [str(ATOMICS_BIN), "--mode", "pingpong", "--threads", "2", "--cpus", f"{cpus[0]},{cpus[1]}",
+    argv = [str(exe), "--mode", "pingpong", "--threads", "2", "--cpus", f"{cpus[0]},{cpus[1]}",
             "--duration-ms", str(ms), "--json"]  # fmt: skip
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10)

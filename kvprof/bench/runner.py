@@ -156,7 +156,7 @@ class Bench:
         self.kvload = kvload_binary() if KVLOAD in tools else None
         self.memcaslap = shutil.which("memcaslap") if MEMCASLAP in tools else None
         if MEMCASLAP in tools and self.memcaslap is None:
-            raise BenchError("memcaslap not found (package libmemcached-tools): run scripts/provision.sh")
+            raise BenchError("memcaslap not found: apt-get install libmemcached-tools")
         self.workdir = Path(tempfile.mkdtemp(prefix="kvprof-bench-"))  # memcaslap's config files
         self.placement = Placement()
 

@@ -41,12 +41,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 
-from kvprof import REPO
 from kvprof.model.profile import HZ as HZ  # defined with the profile, which analysis reads too
 from kvprof.model.topology import Topology
 
-PROBES_DIR = REPO / "probes"
+# The BPF programs and headers, package data of kvprof (kvprof/probes/, in the wheel
+# too): BCC compiles them from files on disk, so the package is never a zip.
+PROBES_DIR = Path(str(resources.files("kvprof") / "probes"))
+# Every file of PROBES_DIR that kvprof reads at run time (`kvprof doctor` checks them;
+# kvs.d, the kvs provider, is the server build's): the programs, the headers they
+# include, and kvcached's opcode numbers (kvprof.collect.requests).
+PROBE_FILES = (
+    "cachelines.bpf.c",
+    "clock.bpf.c",
+    "locks.bpf.c",
+    "offcpu.bpf.c",
+    "offsample.bpf.c",
+    "oncpu.bpf.c",
+    "regsample.bpf.c",
+    "requests.bpf.c",
+    "usdt_rate.bpf.c",
+    "common.h",
+    "follow.h",
+    "unwind.h",
+    "opcodes.h",
+)
+# What installs BCC on Debian and Ubuntu (named by every message that needs it)
+INSTALL_BCC = "apt-get install python3-bpfcc"
 
 
 class CollectError(Exception):
@@ -59,7 +82,7 @@ def missing_bcc() -> str | None:
     try:
         import bcc  # noqa: F401  (python3-bpfcc, seen through --system-site-packages)
     except ImportError as e:
-        return f"BCC is not importable ({e}): run scripts/provision.sh"
+        return f"BCC is not importable ({e}): {INSTALL_BCC}, in a venv made with --system-site-packages"
     return None
 
 
@@ -89,7 +112,7 @@ def collector_class(module_name: str) -> type:
     try:
         module = importlib.import_module(f"kvprof.collect.{module_name}")
     except ImportError as e:  # a Python package it needs from Debian is missing
-        raise CollectError(f"{module_name} cannot load ({e}): run scripts/provision.sh") from None
+        raise CollectError(f"{module_name} cannot load ({e}): `kvprof doctor` says what to install") from None
     cls: type = getattr(module, COLLECTORS[module_name])
     return cls
 

@@ -98,9 +98,7 @@ def binary() -> str:
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    raise PySpyError(
-        "py-spy is not installed: `pip install py-spy` (a kvprof dependency; scripts/provision.sh)"
-    )
+    raise PySpyError("py-spy is not installed: `pip install py-spy` (a dependency of kvprof's package)")
 
 
 @functools.cache

@@ -130,7 +130,7 @@ class RegsampleCollector(Sampler):
         if missing:  # both come from Debian, like BCC
             raise CollectError(
                 f"regsample: no module named {missing[0]!r}: "
-                "run scripts/provision.sh (python3-capstone, python3-pyelftools)"
+                "apt-get install python3-capstone python3-pyelftools"
             )
         # Importing capstone is a noticeable part of attaching's CPU (docs/record.md,
         # "Attach time"): done while BCC compiles (which leaves the GIL), not after it.
@@ -142,7 +142,7 @@ class RegsampleCollector(Sampler):
         try:
             from kvprof.collect.decode import Process  # waits for _import_decode's import
         except ImportError as e:
-            raise CollectError(f"regsample: {e}: run scripts/provision.sh") from None
+            raise CollectError(f"regsample: {e}: apt-get install python3-capstone") from None
         self._process = Process(self.pid)
         self._names.refresh()
         self._hook(module)

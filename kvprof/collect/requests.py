@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from kvprof import REPO
-from kvprof.collect import HIST_SLOTS
+from kvprof.collect import HIST_SLOTS, PROBES_DIR
 from kvprof.collect.bpf import KvsCollector, map_items, percpu_counters
 from kvprof.collect.cdefs import x_macro
 from kvprof.model.histogram import hist_percentile
@@ -25,7 +24,8 @@ from kvprof.model.profile import Profile, RequestStat
 COUNTERS = ("events", "map_full")  # the order of enum requests_counter
 
 
-OPCODES_H = REPO / "server" / "opcodes.h"  # KV_OPCODES: the cmd__* `opcode` numbers, in order
+# KV_OPCODES: the cmd__* `opcode` numbers, in order; kvcached's own (server/opcodes.h links to it)
+OPCODES_H = PROBES_DIR / "opcodes.h"
 
 
 @functools.cache  # the header is read once per path

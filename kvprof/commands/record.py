@@ -7,6 +7,7 @@ module drives it: the banner, the progress lines, the profile and its findings.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +46,10 @@ DESCRIPTION = """\
 Attach kvprof's eBPF collectors to a running process (on-CPU stacks, off-CPU
 and futex waits; on kvcached also lock waits, cache-line transfers and request
 latency from its kvs probes), collect for a while, and write a profile file.
-Needs root. Everything is detached at the end, on Ctrl-C or when the target dies."""
+Needs root. Everything is detached at the end, on Ctrl-C or SIGTERM (also when
+started in the background of a script) or when the target dies. Exit status: 0
+written; 130 or 143 stopped early by SIGINT or SIGTERM, written with what came
+before; 2 nothing written."""
 
 EXAMPLES = """\
 examples:
@@ -209,8 +213,9 @@ def _collect_options(opts: RecordOptions) -> CollectOptions:
     )
 
 
-def record(opts: RecordOptions) -> tuple[Profile, Path]:
-    """Records and writes the profile; returns it and where it went."""
+def record(opts: RecordOptions) -> tuple[Profile, Path, signal.Signals | None]:
+    """Records and writes the profile; returns it, where it went, and the signal that
+    stopped it early (None: it ran its duration, or until the target exited)."""
     from kvprof.analysis.findings import find
     from kvprof.collect import CollectError
     from kvprof.collect.session import NO_BPF
@@ -229,11 +234,13 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
     if not opts.quiet:
         print(f"Profiling {target.comm} {target.pids} {how_long} at {opts.hz} Hz{end}", file=sys.stderr)
     with stop_on_signals(), pause_on_signals(lambda: session):
-        profile, interrupted = _collect(session, opts, show=bpf and not opts.quiet)
+        profile, stopped = _collect(session, opts, show=bpf and not opts.quiet)
     if profile is None:
         raise RecordError("stopped before anything was collected")
-    if interrupted:
-        profile.status.warnings.append(f"stopped early after {profile.window.duration_s:.1f} s")
+    if stopped is not None:
+        profile.status.warnings.append(
+            f"stopped early by {stopped.name} after {profile.window.duration_s:.1f} s"
+        )
     starved = starved_note()
     if starved:
         profile.status.warnings.append(starved)
@@ -244,14 +251,16 @@ def record(opts: RecordOptions) -> tuple[Profile, Path]:
         m.fix = names_for(m.path, m.module, host_file)
     profile.findings = find(profile)
     profile.save(out)
-    return profile, out
+    return profile, out, stopped
 
 
-def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile | None, bool]:
+def _collect(
+    session: Session, opts: RecordOptions, show: bool
+) -> tuple[Profile | None, signal.Signals | None]:
     """Attach, collect for opts.duration (the progress shown when `show`) and read the
-    profile: (it, whether Ctrl-C or SIGTERM stopped it early); None when nothing was."""
+    profile: (it, the signal that stopped it early or None); None when nothing was."""
     from kvprof.collect import CollectError
-    from kvprof.system.attach import end_yield, yield_cpu
+    from kvprof.system.attach import end_yield, stopped_by, yield_cpu
 
     try:
         if show:
@@ -267,25 +276,32 @@ def _collect(session: Session, opts: RecordOptions, show: bool) -> tuple[Profile
             if show:  # a snapshot when the target died: finish() reads the last
                 _progress(f"  {session.elapsed():5.1f}{total} s  collecting")
         end_yield()  # the last read and the profile must end, idle CPU or not
-        return session.finish(), False
+        return session.finish(), None
     except CollectError as e:
         raise RecordError(str(e)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         end_yield()
         try:
-            return session.finish(), True
+            return session.finish(), stopped_by(e)
         except Exception:  # nothing to keep
-            return None, True
+            return None, stopped_by(e)
     finally:
         session.close()
 
 
 def main(opts: RecordOptions) -> int:
+    """Exit status: 0 the profile written; 128 + the signal's number (130 SIGINT, 143
+    SIGTERM) when one stopped it early and the profile holds what came before; 2 nothing
+    written (one line says why)."""
+    from kvprof.system.attach import signal_status, stopped_by
+
     start = time.monotonic()
     try:
-        profile, out = record(opts)
+        profile, out, stopped = record(opts)
     except (RecordError, OSError) as e:
         return fail("record", str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C before the session began: nothing attached yet
+        return fail("record", "stopped before anything was attached", signal_status(stopped_by(e)))
     if not opts.quiet:
         note = f" (partial: {profile.status.reason})" if profile.status.partial else ""
         skipped = [f"{n}: {r}" for n, r in profile.status.collectors.items() if not r.startswith("ok")]
@@ -300,4 +316,4 @@ def main(opts: RecordOptions) -> int:
             print(export(profile, "cpu", opts.flamegraph), file=sys.stderr)
         except ExportError as e:
             return fail("record", f"flame graph: {e}")
-    return 0
+    return 0 if stopped is None else signal_status(stopped)

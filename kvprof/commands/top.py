@@ -16,7 +16,9 @@ Attach kvprof's collectors to a running process and show, refreshed every
 (known ones marked, each with why and the fix), hot functions, contended
 locks, bouncing cache lines with the socket x socket matrix, threads,
 request latency and a live flame graph. Needs root, except --replay. Everything is detached on
-exit, on SIGTERM, and when the target exits (its last data stays on screen)."""
+exit, on SIGINT, SIGTERM or SIGHUP, and when the target exits (its last data stays on screen).
+Exit status: 0 quit with q; 128 + the signal's number when a signal ended it; 2 it could
+not start."""
 
 EXAMPLES = """\
 examples:

@@ -1,10 +1,11 @@
 """The profile: what a recording holds, and its file format (docs/design.md).
 
 One JSON document, gzip'd when the file name ends in `.gz`:
-`{"format": "kvprof-profile", "version": 1, "target": ..., "host": ...,
-"window": ..., "hz": ..., "collectors": [...], "threads": ..., "oncpu": ...,
-"offcpu": ..., "locks": [...], "cachelines": [...], "requests": ...,
-"server_stats": ..., "findings": [...], "status": ...}`.
+`{"format": "kvprof-profile", "version": 1, "kvprof_version": "0.1.0" (the
+kvprof that wrote it), "target": ..., "host": ..., "window": ..., "hz": ...,
+"collectors": [...], "threads": ..., "oncpu": ..., "offcpu": ..., "locks": [...],
+"cachelines": [...], "requests": ..., "server_stats": ..., "findings": [...],
+"status": ...}`.
 
 Frames are symbol names, root first; a frame without a symbol is
 `module+0xSTART`, the start of the function the module's unwind table (FDE)
@@ -24,6 +25,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kvprof import __version__
 
 # on-CPU (and register) samples per second per CPU when none is asked for, off a
 # multiple of common timer rates; the collectors' default (kvprof.collect.HZ). Every
@@ -359,6 +362,7 @@ class Profile:
     status: Status = field(default_factory=Status)
     overhead: Overhead = field(default_factory=Overhead)
     missing_symbols: list[MissingSymbols] = field(default_factory=list)
+    kvprof_version: str = __version__  # of the kvprof that recorded it; "" in older profiles
 
     # ---- file format ----------------------------------------------------
 
@@ -368,7 +372,8 @@ class Profile:
         return {
             "format": FORMAT,
             "version": VERSION,
-            **{k: body[k] for k in body if k != "oncpu"},
+            "kvprof_version": self.kvprof_version,
+            **{k: body[k] for k in body if k not in ("oncpu", "kvprof_version")},
             "oncpu": {"stacks": body["oncpu"]},
         }
 
@@ -423,6 +428,7 @@ class Profile:
                 status=Status(**d.get("status", {})),
                 overhead=_overhead(d.get("overhead") or {}),
                 missing_symbols=[MissingSymbols(**m) for m in d.get("missing_symbols", [])],
+                kvprof_version=str(d.get("kvprof_version", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed kvprof profile: {e}") from None

@@ -8,9 +8,10 @@ open_session() checks what can be checked before anything is loaded, and says
 what is wrong in one line with what to do (a CollectError, each text written
 once here): the collectors asked for, the target (read from /proc: gone, a
 kernel thread, not ours to trace), and whether this process may load BPF
-programs when a collector needs them. stop_on_signals() turns SIGTERM (and the
-signals given) into KeyboardInterrupt in the main thread, so a command stopped
-by its service manager detaches and writes what it has, as on Ctrl-C.
+programs when a collector needs them. stop_on_signals() turns SIGINT, SIGTERM (and
+the signals given) into KeyboardInterrupt in the main thread, so a command stopped
+by its service manager, or started in the background of a script (which inherits
+SIGINT ignored), detaches and writes what it has, as on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -210,15 +211,17 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def stop_on_signals(*signums: signal.Signals) -> Iterator[None]:
-    """SIGTERM and `signums` raise KeyboardInterrupt (its argument the signal's name;
-    Ctrl-C's has none) while inside; SIGINT's handler and theirs are put back at the
-    end, so ignore_stop_signals() may be called inside. Only the main thread may set
-    handlers: elsewhere (the TUI's worker) nothing changes."""
+    """SIGINT, SIGTERM and `signums` raise KeyboardInterrupt while inside (its argument
+    the signal's name; SIGINT's has none, as Python's own), whatever their handling
+    was: a shell starts a background job with SIGINT ignored. The handlers are put
+    back at the end, so ignore_stop_signals() may be called inside. Only the main
+    thread may set handlers: elsewhere (the TUI's worker) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught = (signal.SIGTERM, *signums)
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *caught)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in caught:
         signal.signal(sig, _interrupt)
     try:
@@ -226,6 +229,16 @@ def stop_on_signals(*signums: signal.Signals) -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def stopped_by(e: KeyboardInterrupt) -> signal.Signals:
+    """The signal that stop_on_signals() turned into `e`."""
+    return signal.Signals[e.args[0]] if e.args and e.args[0] in signal.Signals.__members__ else signal.SIGINT
+
+
+def signal_status(sig: signal.Signals) -> int:
+    """The exit status of a command that `sig` stopped early, as a shell gives it: 128 + its number."""
+    return 128 + int(sig)
 
 
 PAUSE, RESUME = signal.SIGUSR1, signal.SIGUSR2

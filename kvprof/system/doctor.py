@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvprof import SERVER_BUILD
+from kvprof.collect import INSTALL_BCC, PROBE_FILES, PROBES_DIR
 from kvprof.collect.elf import ElfFile, ProbesError, open_process
+from kvprof.collect.server_stats import TargetError
 from kvprof.system.debugpkg import fix_debug_info, same_root
+from kvprof.system.lab import lab_binary
 
 if TYPE_CHECKING:
     from kvprof.collect import debuginfo
-
-KVCACHED = SERVER_BUILD / "kvcached"
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
 
@@ -183,18 +183,46 @@ def check_bcc() -> Check:
         )
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
-        return Check("BCC", FAIL, f"the BCC self-test did not finish: {e}", "scripts/provision.sh")
+        return Check("BCC", FAIL, f"the BCC self-test did not finish: {e}", INSTALL_BCC)
     if result.get("ok"):
         return Check("BCC", OK, f"BCC {result.get('bcc')} compiles, loads and attaches a tracepoint program")
     why = str(result.get("error"))
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     if errors:
         why += f"; {errors[0].strip()}"
+    return Check("BCC", FAIL, why, bcc_fix(why))
+
+
+def bcc_fix(why: str, base_prefix: str = sys.base_prefix, prefix: str = sys.prefix) -> str:
+    """The fix for BCC's self-test failing with `why`, in the Python of `base_prefix`
+    (the distribution's is /usr) and the venv (or not) at `prefix`."""
+    if not why.startswith("BCC is not importable"):  # it imports, but cannot compile or load
+        return f"{INSTALL_BCC} linux-headers-{os.uname().release}"
+    if base_prefix != "/usr":  # pyenv's, conda's, a built one: the distribution's BCC is /usr's
+        return (
+            f"{INSTALL_BCC}, then kvprof in a venv of the distribution's Python: /usr/bin/python3 -m venv "
+            f"--system-site-packages DIR ({base_prefix}'s Python does not see it)"
+        )
+    try:
+        cfg = (Path(prefix) / "pyvenv.cfg").read_text()
+    except OSError:  # not a venv: the distribution's Python sees its packages
+        return INSTALL_BCC
+    if re.search(r"^include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I) is None:
+        return f"{INSTALL_BCC}, then kvprof in a venv made with --system-site-packages ({prefix} is not)"
+    return INSTALL_BCC
+
+
+def check_bpf_sources() -> Check:
+    """kvprof's own BPF programs and headers, package data found beside its modules."""
+    missing = [name for name in PROBE_FILES if not (PROBES_DIR / name).is_file()]
+    if not missing:
+        return Check("BPF programs", OK, f"{len(PROBE_FILES)} files in {PROBES_DIR}")
     return Check(
-        "BCC",
+        "BPF programs",
         FAIL,
-        why,
-        "scripts/provision.sh   (installs python3-bpfcc and links kernel headers)",
+        f"{len(missing)} of kvprof's files missing from {PROBES_DIR} ({', '.join(missing[:3])}"
+        f"{', ...' if len(missing) > 3 else ''}): nothing can be recorded",
+        "install kvprof again from its wheel, which carries them (docs/install.md)",
     )
 
 
@@ -269,7 +297,7 @@ def check_btf(host: Host) -> Check:
 
 def check_headers(host: Host) -> Check:
     build = host.modules / host.release / "build"
-    fix = f"scripts/provision.sh   (or: apt-get install linux-headers-{host.release})"
+    fix = f"apt-get install linux-headers-{host.release}"
     if not build.exists():
         kheaders = host.sys / "kernel" / "kheaders.tar.xz"
         dangling = f" ({build} is a dangling link to {os.readlink(build)})" if build.is_symlink() else ""
@@ -401,6 +429,14 @@ def frame_pointers(path: Path) -> FramePointers:
     return FramePointers(verdict, f"{share:.0%} of {len(sample)} function prologues set up %rbp")
 
 
+def _kvcached() -> Path | None:
+    """kvcached, when there is one to look at without -p."""
+    try:
+        return lab_binary("kvcached")
+    except TargetError:
+        return None
+
+
 def libc_of(pid: int | None) -> Path | None:
     maps = Path(f"/proc/{pid}/maps") if pid else Path("/proc/self/maps")
     try:
@@ -417,7 +453,8 @@ def libc_of(pid: int | None) -> Path | None:
 def _modules(pid: int | None) -> list[tuple[str, Path]]:
     """(label, file) of the target's executable modules: mapped ones with -p, else kvcached and libc."""
     if pid is None:
-        found = [("kvcached", KVCACHED)] if KVCACHED.is_file() else []
+        kvcached = _kvcached()
+        found = [("kvcached", kvcached)] if kvcached is not None else []
         libc = libc_of(None)
         return found + ([(libc.name, libc)] if libc is not None else [])
     out: dict[str, tuple[str, Path]] = {}
@@ -504,7 +541,7 @@ def check_debug_info(pid: int | None) -> list[Check]:
     from kvprof.collect.debuginfo import ProcessSymbols, module_symbols  # pyelftools, no BCC
 
     if pid is None:
-        files = [p for p in (KVCACHED, libc_of(None)) if p is not None and Path(p).is_file()]
+        files = [p for p in (_kvcached(), libc_of(None)) if p is not None and Path(p).is_file()]
         return [check_module(Path(p).name, str(p), module_symbols(str(p)), True) for p in files]
     process = ProcessSymbols(pid)
     if not process.refresh():
@@ -542,6 +579,7 @@ def run_checks(pid: int | None = None, host: Host | None = None, bcc: bool = Tru
         check_uprobes(host),
         check_btf(host),
         check_headers(host),
+        check_bpf_sources(),
     ]
     if bcc:
         checks.append(check_bcc())

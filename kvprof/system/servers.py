@@ -21,15 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvprof import SERVER_BUILD
 from kvprof.collect.server_stats import (
     TargetError as TargetError,  # raised here too: one error type for servers
 )
 from kvprof.collect.server_stats import stats
 from kvprof.system.attach import as_before_yield
+from kvprof.system.lab import lab_binary
 
-KVCACHED = SERVER_BUILD / "kvcached"
-KVLOAD = SERVER_BUILD / "kvload"
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
@@ -47,18 +45,13 @@ def die_with_parent() -> None:
 
 
 def kvcached_binary() -> Path:
-    """The kvcached to run: $KVCACHED_BIN if set, else the normal build."""
-    path = Path(os.environ.get("KVCACHED_BIN", KVCACHED))
-    if not path.is_file():
-        raise TargetError(f"{path} not found: build it with `make -C server`")
-    return path
+    """The kvcached to run (lab_binary)."""
+    return lab_binary("kvcached")
 
 
 def kvload_binary() -> Path:
-    """The load generator built next to kvcached."""
-    if not KVLOAD.is_file():
-        raise TargetError(f"{KVLOAD} not found: build it with `make -C server`")
-    return KVLOAD
+    """The load generator (lab_binary)."""
+    return lab_binary("kvload")
 
 
 @dataclass
@@ -172,7 +165,7 @@ def _start_peer(name: str, argv_for: Callable[[str, int], list[str]], timeout: f
     """Start a Debian server that takes its port as a flag on a free loopback port."""
     exe = shutil.which(name)
     if exe is None:
-        raise TargetError(f"{name} not found: run scripts/provision.sh")
+        raise TargetError(f"{name} not found: apt-get install {name}")
     for _ in range(5):
         port = free_port()
         fd, log_name = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")

@@ -240,6 +240,7 @@ class TopApp(App[None]):
         self._timer: Timer | None = None
         self._started = False
         self._closer: threading.Thread | None = None
+        self.stopped_by: signal.Signals | None = None  # the signal that ended it, if one did
 
     # ---- layout -------------------------------------------------------------------
 
@@ -265,11 +266,16 @@ class TopApp(App[None]):
     def on_mount(self) -> None:
         if self.handle_signals:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, self.exit)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT: ignored by a
+                loop.add_signal_handler(sig, self.stop_by, sig)  # background job until set here
             _resume_only_after_suspend()
         self.draw_status()
         self.fetch()
+
+    def stop_by(self, sig: signal.Signals) -> None:
+        """End as `q` does, because `sig` came (the exit status says so)."""
+        self.stopped_by = sig
+        self.exit()
 
     def action_quit(self) -> None:  # type: ignore[override]
         self.start_closing()  # detaching takes a second: overlap it with leaving the screen

@@ -8,6 +8,7 @@ terminal as it is, with the command that helps; the app starts only after.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -50,7 +51,15 @@ def _fail(message: str, hint: bool = False) -> int:
 
 
 def main(opts: TopOptions) -> int:
-    status = _main(opts)
+    """Exit status: 0 quit with q, or the target exited; 128 + the signal's number when
+    SIGINT, SIGTERM or SIGHUP ended it; 2 it could not start (one line says why)."""
+    from kvprof.system.attach import signal_status, stop_on_signals, stopped_by
+
+    try:
+        with stop_on_signals(signal.SIGHUP):  # until the app takes them over (TopApp.on_mount)
+            status = _main(opts)
+    except KeyboardInterrupt as e:  # before the app took them, or while it started
+        status = signal_status(stopped_by(e))
     if opts.replay is None:
         # Everything is detached and every server we started is stopped by now. What is
         # left is the interpreter's teardown, where libbcc's LLVM destructors take most
@@ -179,22 +188,28 @@ def _watch_terminal(source: Source, cleanup: Callable[[], object] | None) -> Non
 def _run(
     source: Source, opts: TopOptions, baseline: Profile | None, cleanup: Callable[[], object] | None = None
 ) -> int:
-    source.start()  # attaching takes seconds: begin before Textual loads and sets up the screen
-    from kvprof.tui.app import TopApp
+    from kvprof.system.attach import pause_on_signals, signal_status
 
-    threading.Thread(target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True).start()
-    app = TopApp(
-        source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True, baseline=baseline
-    )
-    from kvprof.system.attach import pause_on_signals
-
+    app = None
     try:
+        source.start()  # attaching takes seconds: begin before Textual loads and sets up the screen
+        from kvprof.tui.app import TopApp
+
+        threading.Thread(
+            target=_watch_terminal, args=(source, cleanup), name="kvprof-tty", daemon=True
+        ).start()
+        app = TopApp(
+            source, interval=opts.interval, out_dir=opts.output_dir, handle_signals=True, baseline=baseline
+        )
         with pause_on_signals(lambda: getattr(source, "session", None)):  # a live source's
             app.run()
     finally:
-        app.wait_closed()
+        if app is not None:
+            app.wait_closed()
+        else:
+            source.close()
     for path in app.written:
         print(f"kvprof top: wrote {path}", file=sys.stderr)
     if app.frame is not None and app.frame.status.ended:
         print(f"kvprof top: {app.frame.status.ended.split(':', 1)[0]}", file=sys.stderr)
-    return 0
+    return 0 if app.stopped_by is None else signal_status(app.stopped_by)

@@ -123,6 +123,7 @@ def to_json(profile: Profile, top: int = 15) -> dict[str, Any]:
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
+        "kvprof_version": profile.kvprof_version or None,  # that recorded it; None: not recorded
         "target": profile.target.to_dict(),
         "window": asdict(profile.window),
         "hz": profile.hz,
@@ -254,6 +255,8 @@ def _header(profile: Profile) -> list[str]:
             "  window: ",
         )
     )
+    if profile.kvprof_version:  # older profiles do not say
+        lines.append(f"  recorded by: kvprof {profile.kvprof_version}")
     states = collector_states(profile)
     # "ok", or "ok (perf backend)", "ok (py-spy ...)": which backend gave the section
     ok = [n if s == "ok" else f"{n} {s[3:]}" for n, s in states.items() if s.startswith("ok")]

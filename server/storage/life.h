@@ -8,7 +8,7 @@
 
 #include "storage/item.h"
 
-/* item__delete reasons, as documented in probes/kvs.d */
+/* item__delete reasons, as documented in kvprof/probes/kvs.d */
 enum delete_reason { DEL_DELETE, DEL_EXPIRE, DEL_EVICT, DEL_REPLACE, DEL_FLUSH };
 
 extern uint64_t items_flush_at; /* ns; 0: no flush pending or done (items_flush) */
