@@ -46,6 +46,14 @@ SECTIONS = (
         "sudo kvprof bench --scenario whatif --results bench/results",
     ),
     (
+        "lockwait-accuracy",
+        "Lock waits against an exact tracer",
+        "kvprof's LOCKS total over bpftrace's exact figure for the same threads and window (a switch-out "
+        "asleep in a lock's futex wait until back on a CPU), with every wait timed (`--offcpu-hz 0`) and "
+        "sampled (the default), and the ±90 % interval the report states for a sampled figure.",
+        "sudo .venv/bin/python bench/lockwait_accuracy.py --runs=5",
+    ),
+    (
         "ceiling",
         "Ceiling: predicted against reached",
         "The ceiling kvprof predicts from a recording of kvcached at one worker (its first rung, the "
