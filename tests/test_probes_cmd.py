@@ -21,7 +21,7 @@ from kvprof.system.servers import Server, kvcached_binary
 
 KVS_PROBES = {
     "conn__open", "conn__close", "cmd__start", "cmd__done", "item__create", "item__delete",
-    "lock__wait__start", "lock__wait__done", "atomic__sample", "stats__collect",
+    "lock__wait__start", "lock__wait__done", "lock__hold", "atomic__sample", "stats__collect",
 }  # fmt: skip
 UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
 
