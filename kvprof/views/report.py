@@ -389,7 +389,7 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
     rungs = ceilings.ladder(profile, findings)
     if not rungs:
         return []
-    ops = ceilings.throughput(profile)
+    ops, what = ceilings.counted(profile)
     out = _section(f"CEILINGS: where throughput stops scaling (today {ops:,.0f} ops/s)")
     out.append(f"{'resource':<32}{'ns/op':>9}{'ceiling ops/s':>14}{'at threads':>12}{'after fix':>12}")
     for c in rungs:
@@ -403,6 +403,8 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
         "time: its time per request caps the server whatever its cores (docs/findings.md).",
         "",
     )
+    if what != "requests":
+        out += _wrap(f"The target counts no requests: an op here is one of the {what}.", "")
     return out
 
 
