@@ -404,7 +404,12 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
         "",
     )
     if what != "requests":
-        out += _wrap(f"The target counts no requests: an op here is one of the {what}.", "")
+        out += _wrap(
+            f"The target counts no requests: an op here is one of the {what}, counted while "
+            "--hold's uprobes trapped every mutex call: on a hot lock today's rate is lower, and "
+            "the threads a ceiling binds at more, than without them (docs/record.md).",
+            "",
+        )
     return out
 
 
