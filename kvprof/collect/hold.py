@@ -44,6 +44,9 @@ CALLS: dict[str, tuple[str, str]] = {
     "pthread_cond_wait": ("hold_on_wait", "hold_on_woken"),
     "pthread_cond_timedwait": ("hold_on_wait", "hold_on_woken"),
 }
+# 1 hold in this many shorter than the probes' own time: the critical section is within
+# their spread, and the note says the hold is an upper bound
+SHORT_SHARE = 10
 # where glibc keeps them: libpthread before glibc 2.34, libc since
 LIBRARIES = ("libpthread.so", "libc.so")
 
@@ -263,18 +266,24 @@ def to_hold(name: str, address: int, snap: _Snapshot) -> LockHold:
 
 def note(name: str, snap: _Snapshot) -> str:
     """What the measurement did and cost, for the report."""
-    hits, s = snap.counters.get("hits", 0), max(snap.seconds, 1e-9)
+    hits = snap.counters.get("hits", 0)
     acquired = sum(n for n, _, _ in snap.threads.values())
     cpu_ms = hits * UPROBE_HIT_NS / 1e6
     line = (
         f"hold: {name}'s holds timed by uprobes on glibc's mutex calls for {snap.seconds:.1f} s "
         f"({acquired:,} holds), {UPROBE_HIT_NS} ns (one uprobe hit, the probes' own time inside "
-        f"the critical section) subtracted from each; the probes trapped {hits:,} times "
-        f"({hits / s:,.0f}/s on every mutex call), about {cpu_ms:,.0f} ms of the target's CPU"
+        f"the critical section) subtracted from each; the probes trapped on every mutex call "
+        f"while attached, {hits:,} times at about {UPROBE_HIT_NS} ns: {cpu_ms:,.0f} ms of the "
+        "target's CPU, and inside its critical sections"
     )
     short, unmatched = snap.counters.get("short", 0), snap.counters.get("unmatched", 0)
     if short:
         line += f"; {short:,} holds were shorter than that and count as 1 ns"
+    if short * SHORT_SHARE > acquired:
+        line += (
+            ": a critical section this short is within the probes' own time and its spread, "
+            "and its hold is an upper bound"
+        )
     if unmatched:
         line += f"; {unmatched:,} releases had no acquisition seen (taken before, or by a timed lock)"
     return line
