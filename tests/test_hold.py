@@ -198,3 +198,21 @@ def test_window_s_is_per_window_and_old_profiles_load() -> None:
         del h["window_s"]
     loaded = Profile.from_dict(json.loads(json.dumps(d)))
     assert loaded.holds[0].window_s == 0.0
+
+
+def test_a_timed_hold_is_per_request_of_its_own_seconds() -> None:
+    """The target's counters when the probes went on and off say its requests over the
+    seconds timed: a hold timed while the traps slowed the target to a fifth of the
+    window's pace is still one acquisition per request, not a fifth of one."""
+    p = _profile(2.0)  # 1,000 acquisitions a second while timed
+    p.server_stats = {
+        "before": {"cmd_get": "0", "cmd_set": "0"},
+        "after": {"cmd_get": str(int(5000 * SECONDS)), "cmd_set": "0"},  # 5,000 a second in all
+        "hold.before": {"cmd_get": "100", "cmd_set": "0"},
+        "hold.after": {"cmd_get": str(100 + 2 * 1000), "cmd_set": "0"},  # 1,000 a second while timed
+    }
+    (c,) = ceilings.lock_ceilings(p, ceilings.throughput(p))
+    assert c.busy_ns_per_op == pytest.approx(2000)  # one 2 us hold per request
+    del p.server_stats["hold.before"]
+    (c,) = ceilings.lock_ceilings(p, ceilings.throughput(p))
+    assert c.busy_ns_per_op == pytest.approx(400)  # the window's pace: a fifth of a hold

@@ -37,7 +37,7 @@ from typing import Any
 from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
 from kvprof.analysis.whatif import budget
-from kvprof.model.profile import Finding, Profile
+from kvprof.model.profile import Finding, LockHold, Profile
 
 HOLD_TRANSFERS = 2  # the lock's word and one line of its data, when one thread held it
 FAR = 1000.0  # a ceiling further than this factor above today's throughput is not a rung
@@ -94,6 +94,15 @@ def _ops(general: dict[str, str]) -> int:
         return -1
 
 
+def _ops_while(p: Profile, h: LockHold) -> float:
+    """Requests a second while `record --hold` timed `h`, from the target's counters
+    when its probes went on and off (0 when they do not say): the traps slow a hot
+    lock, and the requests with it."""
+    before, after = p.server_stats.get("hold.before", {}), p.server_stats.get("hold.after", {})
+    done = _ops(after) - _ops(before) if h.window_s > 0 and before and after else -1
+    return done / h.window_s if done > 0 else 0.0
+
+
 def _busy_threads(p: Profile) -> float:
     return sum(t.busy for t in budget(p).threads.values())
 
@@ -115,7 +124,7 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
         hold = h.hold_ns / h.acquisitions
         if sum(1 for th in h.by_thread.values() if th.acquisitions > 0) < 2:
             hold += HOLD_TRANSFERS * t.transfer_ns
-        per_op = hold * (h.acquisitions / (h.window_s or dur)) / ops
+        per_op = hold * (h.acquisitions / (h.window_s or dur)) / (_ops_while(p, h) or ops)
         out.append(Ceiling(f"{h.name} mutex", "lock", h.name, per_op, 1e9 / per_op, math.nan))
     return out
 

@@ -30,6 +30,7 @@ from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, map_i
 from kvprof.collect.debuginfo import ProcessSymbols, read_maps
 from kvprof.collect.elf import ElfFile, ProbesError
 from kvprof.collect.procroot import mapped_file
+from kvprof.collect.server_stats import TargetStats
 from kvprof.collect.symbols import DataNames
 from kvprof.collect.usdt import attach_uprobe, exe_of
 from kvprof.model.profile import LockHold, Profile, ThreadHolds, ThreadInfo
@@ -141,6 +142,11 @@ class HoldCollector(BpfCollector):
         self._timer: threading.Timer | None = None
         self._guard = threading.Lock()  # the timer's detach against the session's
         self._names = ThreadNames(pid)
+        # the target's own counters when the switch went on and off (memcached `stats`,
+        # Redis INFO): its requests over the seconds measured, which may run at another
+        # pace than the whole window's (the traps slow a hot lock)
+        self._stats = TargetStats(pid)
+        self._counters: dict[str, dict[str, str]] = {}
 
     def applies(self) -> str | None:
         why = super().applies()
@@ -207,6 +213,9 @@ class HoldCollector(BpfCollector):
         elif self._on_since:
             self._on_s += time.monotonic() - self._on_since
             self._on_since = 0.0
+        if not on or "hold.before" not in self._counters:  # the first on, the last off
+            when = "hold.before" if on else "hold.after"
+            self._counters[when] = self._stats.read(("",), timeout=1.0).get("general", {})
 
     def _close_fds(self) -> None:
         if self._on_since:
@@ -246,6 +255,8 @@ class HoldCollector(BpfCollector):
         for label, value in snap.counters.items():
             profile.status.counters[f"hold.{label}"] = value
         profile.status.notes.append(note(self.lock_name, snap))
+        if self._counters.get("hold.before") and self._counters.get("hold.after"):
+            profile.server_stats.update(self._counters)
         if snap.counters.get("map_full"):
             profile.status.warnings.append(
                 f"hold: {snap.counters['map_full']} holds dropped, map full: raise --max-entries"

@@ -313,7 +313,8 @@ class Profile:
     holds: list[LockHold] = field(default_factory=list)
     cachelines: list[CacheLineStat] = field(default_factory=list)
     requests: dict[str, RequestStat] = field(default_factory=dict)
-    server_stats: dict[str, dict[str, str]] = field(default_factory=dict)  # "before"/"after" -> stats
+    # "before"/"after" (and "hold.before"/"hold.after": record --hold's seconds) -> stats
+    server_stats: dict[str, dict[str, str]] = field(default_factory=dict)
     addresses: SampledAddresses = field(default_factory=SampledAddresses)
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
