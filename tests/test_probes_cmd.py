@@ -72,7 +72,9 @@ def test_lists_probes_without_attaching(kvcached_factory: Callable[..., Server])
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
-    assert lines[1].startswith(f"{len(KVS_PROBES)} USDT probes at") and lines[1].endswith("; not counted (-d 0)")
+    assert lines[1].startswith(f"{len(KVS_PROBES)} USDT probes at") and lines[1].endswith(
+        "; not counted (-d 0)"
+    )
     assert any(
         re.match(r"kvs:atomic__sample +\d+ +0x[0-9a-f]+ +0x[0-9a-f]+ +0 +- *$", line) for line in lines
     )

@@ -16,7 +16,9 @@ request serves at most `1 / D` requests a second):
   ceiling is stated with `Thresholds.cross_socket_weight` times that.
 
 Throughput is the target's own counters over the window (memcached/kvcached
-`stats`, Redis `INFO`), or kvcached's sampled requests. The thread count at
+`stats`, Redis `INFO`), or kvcached's sampled requests; a program that counts
+no requests has the acquisitions of the lock `record --hold` timed as its
+operations (each one a request of the lock). The thread count at
 which a ceiling binds is the ceiling over today's throughput per busy thread
 (kvprof.analysis.whatif's budget). The ladder is the ceilings lowest first:
 fixing one lets the server rise to the next, so each rung's `after_fix` is
@@ -35,7 +37,7 @@ from typing import Any
 from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
 from kvprof.analysis.whatif import budget
-from kvprof.model.profile import Finding, Profile
+from kvprof.model.profile import Finding, LockHold, Profile
 
 HOLD_TRANSFERS = 2  # the lock's word and one line of its data, when one thread held it
 FAR = 1000.0  # a ceiling further than this factor above today's throughput is not a rung
@@ -58,15 +60,29 @@ class Ceiling:
 
 def throughput(p: Profile) -> float:
     """Requests a second over the window (0 when nothing says)."""
+    return counted(p)[0]
+
+
+def counted(p: Profile) -> tuple[float, str]:
+    """Throughput and what it counts: the target's own counters or kvcached's sampled
+    requests ("requests"), else, for a program that counts none, the acquisitions a
+    second of the lock `record --hold` timed, each taken as one operation
+    ("acquisitions of LOCK"); (0, "") when nothing says."""
     dur = seconds(p)
     if dur <= 0:
-        return 0.0
+        return 0.0, ""
     before, after = p.server_stats.get("before", {}), p.server_stats.get("after", {})
     done = _ops(after) - _ops(before) if before and after else -1
     if done > 0:
-        return done / dur
+        return done / dur, "requests"
     sampled = sum(r.count for r in p.requests.values()) * sample_rate(p, REQUEST_PROBE)
-    return sampled / dur if sampled > 0 else 0.0
+    if sampled > 0:
+        return sampled / dur, "requests"
+    timed = [(h.acquisitions / h.window_s, h.name) for h in p.holds if h.window_s > 0 and h.acquisitions]
+    if timed:
+        rate, name = max(timed)
+        return rate, f"acquisitions of {name}"
+    return 0.0, ""
 
 
 def _ops(general: dict[str, str]) -> int:
@@ -78,12 +94,22 @@ def _ops(general: dict[str, str]) -> int:
         return -1
 
 
+def _ops_while(p: Profile, h: LockHold) -> float:
+    """Requests a second while `record --hold` timed `h`, from the target's counters
+    when its probes went on and off (0 when they do not say): the traps slow a hot
+    lock, and the requests with it."""
+    before, after = p.server_stats.get("hold.before", {}), p.server_stats.get("hold.after", {})
+    done = _ops(after) - _ops(before) if h.window_s > 0 and before and after else -1
+    return done / h.window_s if done > 0 else 0.0
+
+
 def _busy_threads(p: Profile) -> float:
     return sum(t.busy for t in budget(p).threads.values())
 
 
 def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ceiling]:
-    """A ceiling for each single lock (kvcached's lock__hold): a name whose
+    """A ceiling for each single lock (kvcached's lock__hold, or the one lock
+    `record --hold` timed, over the seconds it did: `window_s`): a name whose
     holds were all on one address. A name on several addresses is striped or
     one per thread: the paced sample stands for the acquisitions of the whole
     name, and cannot say how they spread over the addresses, so it gets none."""
@@ -98,7 +124,7 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
         hold = h.hold_ns / h.acquisitions
         if sum(1 for th in h.by_thread.values() if th.acquisitions > 0) < 2:
             hold += HOLD_TRANSFERS * t.transfer_ns
-        per_op = hold * (h.acquisitions / dur) / ops
+        per_op = hold * (h.acquisitions / (h.window_s or dur)) / (_ops_while(p, h) or ops)
         out.append(Ceiling(f"{h.name} mutex", "lock", h.name, per_op, 1e9 / per_op, math.nan))
     return out
 
@@ -164,6 +190,8 @@ def ladder(
 
 def _belongs(c: Ceiling, f: Finding) -> bool:
     if c.kind == "lock":
+        if f.id.startswith("futex:"):  # the mutex of record --hold, where its futex was waited on
+            return f.lock == c.where
         return f.category == "lock" and (f.where == c.where or f.lock == c.where)
     return f.category == "cacheline" and f.where == c.where
 

@@ -218,19 +218,25 @@ def lock_lines(p: Profile, f: Finding) -> set[int]:
 
 def held_excess(p: Profile, f: Finding) -> dict[str, float]:
     """Per thread, the share of the window a lock finding's lock was held beyond the critical
-    section's own work: its holds (kvcached's lock__hold) past the shortest sampled one, the
-    lines that moved in and the hand-off. The same hold the lock's ceiling comes from
-    (kvprof.analysis.ceilings); a per-thread design keeps the own work and loses the rest."""
+    section's own work: its holds (kvcached's lock__hold, or record --hold's on a futex
+    finding's mutex) past the shortest sampled one, the lines that moved in and the hand-off.
+    The same hold the lock's ceiling comes from (kvprof.analysis.ceilings); a per-thread
+    design keeps the own work and loses the rest."""
     dur = seconds(p)
-    if f.category != "lock" or dur <= 0:
+    if f.category == "lock":
+        name = f.id.split(":", 1)[1]
+    elif f.id.startswith("futex:") and f.lock:
+        name = f.lock
+    else:
         return {}
-    name = f.id.split(":", 1)[1]
+    if dur <= 0:
+        return {}
     out: dict[str, float] = defaultdict(float)
     for h in p.holds:
         if h.name != name or not h.min_ns:
             continue
         for tid, t in h.by_thread.items():
-            out[tid] += max(0.0, t.hold_ns - t.acquisitions * h.min_ns) / 1e9 / dur
+            out[tid] += max(0.0, t.hold_ns - t.acquisitions * h.min_ns) / 1e9 / (h.window_s or dur)
     return dict(out)
 
 

@@ -100,6 +100,7 @@ COLLECTORS: dict[str, str] = {
     "regsample": "RegsampleCollector",
     "pyspy": "PySpyCollector",
     "perf": "PerfCollector",
+    "hold": "HoldCollector",
 }
 
 
@@ -150,6 +151,10 @@ TOP_INTERVAL_S = 2.0
 # its return), for kvprof's own-cost figure: bench/probe_cost.py measures it
 # on a machine, docs/record.md has the figures.
 UPROBE_HIT_NS = 600
+# `record --hold LOCK`: seconds the uprobes on every pthread mutex call stay attached
+# (each call traps: docs/record.md, "Hold time of one lock"), and the most it allows
+HOLD_SECONDS = 5.0
+HOLD_SECONDS_MAX = 60.0
 # What one cpu-clock sample that interrupts the target costs its throughput beyond the
 # program it runs (the interrupt, on this VM's hypervisor, and the stall of a contended
 # pipeline), for the same figure: bench/overhead.py measures it from the loss at a high
@@ -173,6 +178,8 @@ class CollectOptions:
     native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
     follow_forks: bool = False  # also the processes the target forks (kvprof.collect.follow)
     live: bool = False  # read while attaching (top): the window starts at the first attach; py-spy dumps
+    hold: str = ""  # the `hold` collector's lock: a data symbol of the target or an address 0x...
+    hold_seconds: float = HOLD_SECONDS
 
     def cflags(self, pid: int) -> list[str]:
         """The -D flags of probes/common.h for a program watching `pid`."""

@@ -542,3 +542,26 @@ class ProcessSymbols:
         if sym is None:
             return f"{at.map.name}+0x{at.vaddr:x}"
         return demangle(sym[2]) + (f"+0x{at.vaddr - sym[0]:x}" if at.vaddr > sym[0] else "")
+
+    def object_address(self, name: str) -> int | None:
+        """Where the data object `name` (or `name+0x8`, as object_name() writes it) is in
+        the process: the first module that has it in address order (a PIE executable's
+        first). The
+        reverse of object_name()."""
+        base, _, off = name.partition("+")
+        try:
+            extra = int(off, 16) if off else 0
+        except ValueError:
+            return None
+        self.refresh()
+        seen: set[tuple[str, int, int]] = set()
+        for m in self.maps:
+            key = (m.path, m.inode, m.start - m.offset)
+            if not m.path.startswith("/") or key in seen:
+                continue
+            seen.add(key)
+            syms, bias = self.module(m)
+            found = next((start for start, _, n in syms.objects if n == base), None)
+            if found is not None:
+                return found + bias + extra
+        return None

@@ -114,7 +114,8 @@ class LocksCollector(KvsCollector):
         stats = aggregate(snap.rows, snap.hist, snap.frames)
         ours = {s.name for s in stats}
         profile.locks[:] = [lk for lk in profile.locks if lk.name not in ours] + stats
-        profile.holds[:] = aggregate_holds(snap.holds)
+        timed = [h for h in profile.holds if h.window_s]  # the hold collector's (record --hold)
+        profile.holds[:] = timed + aggregate_holds(snap.holds)
         per_tid: dict[int, int] = {}
         for r in snap.rows:
             per_tid[r.tid] = per_tid.get(r.tid, 0) + r.wait_ns

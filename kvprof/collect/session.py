@@ -55,10 +55,12 @@ if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
     from kvprof.collect.bpf import Module, Program
 
 ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
+OPT_IN = ("hold",)  # run only when asked for by name (record --hold): never among "all"
+ORDER = ALL_COLLECTORS + OPT_IN  # the order collectors are said in
 # The attach order, after the one compile: what names the contention soonest first (a live
 # view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
-KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample")
-GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests")
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample", "hold")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests", "hold")
 # collectors that walk and symbolize stacks: their maps take most of a read
 STACK_COLLECTORS = ("oncpu", "offcpu", "regsample")
 # offcpu's per-thread totals run up to the moment it is read (kvprof.collect.offsample):
@@ -238,9 +240,9 @@ class Session:
             raise CollectError(f"no collector could attach to PID {self.pid} ({reasons})")
         with self._lock:  # said in the order asked for, whatever the attach order
             self._started = True
-            self.active.sort(key=lambda c: ALL_COLLECTORS.index(c.name))
+            self.active.sort(key=lambda c: ORDER.index(c.name))
             self.status.collectors = dict(
-                sorted(self.status.collectors.items(), key=lambda kv: ALL_COLLECTORS.index(kv[0]))
+                sorted(self.status.collectors.items(), key=lambda kv: ORDER.index(kv[0]))
             )
 
     @property

@@ -139,10 +139,22 @@ def _ref_ctr_shift() -> int:
     return int(spec.split(":", 1)[1].split("-", 1)[0])
 
 
-def attach_uprobe(prog_fd: int, path: str, offset: int, ref_ctr_offset: int, pid: int) -> int:
+def _retprobe_bit() -> int:
+    """The uprobe PMU's config bit that makes a uretprobe ("config:0")."""
+    try:
+        spec = (UPROBE_PMU / "format" / "retprobe").read_text().strip()
+    except OSError:
+        raise CollectError("this kernel's uprobe PMU has no retprobe (needs Linux >= 4.17)") from None
+    return 1 << int(spec.split(":", 1)[1])
+
+
+def attach_uprobe(
+    prog_fd: int, path: str, offset: int, ref_ctr_offset: int, pid: int, retprobe: bool = False
+) -> int:
     """A uprobe at file `offset` of `path`, for process `pid` only, running BPF
     program `prog_fd`; the kernel keeps the 16-bit counter at file offset
-    `ref_ctr_offset` raised while the returned fd is open (0: no counter)."""
+    `ref_ctr_offset` raised while the returned fd is open (0: no counter).
+    `retprobe`: at the return of the function that starts there (a uretprobe)."""
     nr = PERF_EVENT_OPEN.get(platform.machine())
     if nr is None:
         raise CollectError(f"attaching uprobes is not written for {platform.machine()} yet")
@@ -153,11 +165,12 @@ def attach_uprobe(prog_fd: int, path: str, offset: int, ref_ctr_offset: int, pid
             "no uprobe PMU in this kernel (needs Linux >= 4.17): see `kvprof doctor`"
         ) from None
     shift = _ref_ctr_shift() if ref_ctr_offset else 0
+    ret = _retprobe_bit() if retprobe else 0
     c_path = ctypes.create_string_buffer(os.fsencode(path))
     attr = _PerfEventAttr(
         type=pmu_type,
         size=ctypes.sizeof(_PerfEventAttr),
-        config=ref_ctr_offset << shift,
+        config=(ref_ctr_offset << shift) | ret,
         sample_period=1,
         wakeup_events=1,
         flags=ATTR_DISABLED,

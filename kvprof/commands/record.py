@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvprof.collect import (
+    HOLD_SECONDS,
+    HOLD_SECONDS_MAX,
     HZ,
     INLINE_FRAMES,
     MAX_ENTRIES,
@@ -62,6 +64,8 @@ examples:
   kvprof record -p $(pgrep -f app.py)   # a CPython process: Python stacks from py-spy, waits from BPF
   kvprof record -p 1234 --python --native --collectors oncpu   # py-spy alone (no root for your own)
   kvprof record -p 1234 --follow-forks  # and the worker processes it forks
+  kvprof record -p 1234 --hold stats_lock   # and how long that mutex is held (uprobes, 5 s)
+  kvprof record -p 1234 --hold 0x55d0c3a2b0c0 --hold-seconds 2   # a heap mutex from report's LOCKS
 """
 
 
@@ -119,6 +123,16 @@ def add_parser(commands: Any) -> None:
         help="also record the processes the target forks from now on (on-CPU and off-CPU stacks; "
         "until they exec another program); without it a fork is said in the profile",
     )
+    p.add_argument(
+        "--hold",
+        metavar="LOCK",
+        default="",
+        help="also time every hold of this pthread mutex (a data symbol of the target, or its "
+        "address 0x...) with uprobes on glibc's mutex calls, for --hold-seconds: each mutex call "
+        'of the target then traps (docs/record.md, "Hold time of one lock")',
+    )
+    add_seconds(p, "--hold-seconds", type=number(float, 0.1, HOLD_SECONDS_MAX), default=HOLD_SECONDS,
+                help="how long --hold's uprobes stay attached, from the start of the recording")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no banner or progress")
     p.set_defaults(run=_run)
 
@@ -161,6 +175,8 @@ class RecordOptions:
     python: bool | None = None  # on-CPU stacks from py-spy: None = when the target is CPython
     native: bool = False  # py-spy --native: C frames of extensions merged into the Python stacks
     follow_forks: bool = False  # the target's forked processes too (kvprof.collect.follow)
+    hold: str = ""  # time this mutex's holds (kvprof.collect.hold)
+    hold_seconds: float = HOLD_SECONDS
 
 
 def _progress(line: str, final: bool = False) -> None:
@@ -210,6 +226,8 @@ def _collect_options(opts: RecordOptions) -> CollectOptions:
         python=opts.python,
         native=opts.native,
         follow_forks=opts.follow_forks,
+        hold=opts.hold,
+        hold_seconds=opts.hold_seconds,
     )
 
 
@@ -218,12 +236,17 @@ def record(opts: RecordOptions) -> tuple[Profile, Path, signal.Signals | None]:
     stopped it early (None: it ran its duration, or until the target exited)."""
     from kvprof.analysis.findings import find
     from kvprof.collect import CollectError
-    from kvprof.collect.session import NO_BPF
+    from kvprof.collect.session import ALL_COLLECTORS, NO_BPF
     from kvprof.system.attach import open_session, pause_on_signals, starved_note, stop_on_signals
     from kvprof.system.debugpkg import names_for, same_root
 
+    collectors = opts.collectors
+    if opts.hold:
+        collectors = (*(collectors or ALL_COLLECTORS), "hold")
     try:
-        session = open_session(opts.pid, opts.collectors, _collect_options(opts))
+        session = open_session(opts.pid, collectors, _collect_options(opts))
+        if opts.hold:
+            _check_hold(opts, session.modules)
     except CollectError as e:
         raise RecordError(str(e)) from None
     bpf = any(module not in NO_BPF for module in session.modules.values())
@@ -252,6 +275,18 @@ def record(opts: RecordOptions) -> tuple[Profile, Path, signal.Signals | None]:
     profile.findings = find(profile)
     profile.save(out)
     return profile, out, stopped
+
+
+def _check_hold(opts: RecordOptions, modules: dict[str, str]) -> None:
+    """--hold's lock and glibc's mutex calls in the target, before anything attaches:
+    a CollectError in one line when either is not there."""
+    from kvprof.collect import CollectError
+    from kvprof.collect.hold import mutex_sites, resolve
+
+    if "hold" not in modules:
+        raise CollectError("--hold needs the BPF collectors: drop --backend perf")
+    mutex_sites(opts.pid)
+    resolve(opts.pid, opts.hold)
 
 
 def _collect(

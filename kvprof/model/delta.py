@@ -172,6 +172,7 @@ def _holds(new: list[LockHold], old: list[LockHold]) -> list[LockHold]:
                 h.samples - o.samples,
                 h.min_ns,  # a minimum cannot subtract: the newer one is kept
                 by_thread,
+                round(h.window_s - o.window_s, 3),
             )
         )
     return out

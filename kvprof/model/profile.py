@@ -172,7 +172,8 @@ class ThreadHolds:
 @dataclass
 class LockHold:
     """How long one lock was held, contended or not (kvcached's sampled
-    lock__hold): the acquisitions and hold ns the samples stand for."""
+    lock__hold, or `record --hold`'s uprobes): the acquisitions and hold ns the
+    samples stand for, over `window_s` seconds."""
 
     name: str
     address: int = 0
@@ -181,6 +182,7 @@ class LockHold:
     samples: int = 0  # lock__hold firings behind the estimates
     min_ns: int = 0  # the shortest sampled hold: the critical section's own work, nothing moved
     by_thread: dict[str, ThreadHolds] = field(default_factory=dict)
+    window_s: float = 0.0  # the seconds it was measured over; 0: the whole window (rates divide by it)
 
 
 @dataclass
@@ -356,7 +358,8 @@ class Profile:
     holds: list[LockHold] = field(default_factory=list)
     cachelines: list[CacheLineStat] = field(default_factory=list)
     requests: dict[str, RequestStat] = field(default_factory=dict)
-    server_stats: dict[str, dict[str, str]] = field(default_factory=dict)  # "before"/"after" -> stats
+    # "before"/"after" (and "hold.before"/"hold.after": record --hold's seconds) -> stats
+    server_stats: dict[str, dict[str, str]] = field(default_factory=dict)
     addresses: SampledAddresses = field(default_factory=SampledAddresses)
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)

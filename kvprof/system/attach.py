@@ -27,7 +27,15 @@ from pathlib import Path
 from types import FrameType
 
 from kvprof.collect import STARVE_CHECK_S, STARVED_S, WATCH_NICE, CollectError, CollectOptions
-from kvprof.collect.session import ALL_COLLECTORS, NO_BPF, Session, TargetGone, describe_target, modules
+from kvprof.collect.session import (
+    ALL_COLLECTORS,
+    NO_BPF,
+    OPT_IN,
+    Session,
+    TargetGone,
+    describe_target,
+    modules,
+)
 from kvprof.collect.thread_sockets import run_delays
 from kvprof.model.profile import Target
 
@@ -192,7 +200,7 @@ def open_session(
     CollectError says in one line why there cannot be one."""
     opts = opts or CollectOptions()
     names = tuple(collectors) or ALL_COLLECTORS
-    unknown = [c for c in names if c not in ALL_COLLECTORS]
+    unknown = [c for c in names if c not in ALL_COLLECTORS + OPT_IN]
     if unknown:
         raise CollectError(f"unknown collector {unknown[0]!r}: choose from {', '.join(ALL_COLLECTORS)}")
     described = target(pid)

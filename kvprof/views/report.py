@@ -444,7 +444,7 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
     rungs = ceilings.ladder(profile, findings)
     if not rungs:
         return []
-    ops = ceilings.throughput(profile)
+    ops, what = ceilings.counted(profile)
     out = _section(f"CEILINGS: where throughput stops scaling (today {ops:,.0f} ops/s)")
     out.append(f"{'resource':<32}{'ns/op':>9}{'ceiling ops/s':>14}{'at threads':>12}{'after fix':>12}")
     for c in rungs:
@@ -458,6 +458,13 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
         "time: its time per request caps the server whatever its cores (docs/findings.md).",
         "",
     )
+    if what != "requests":
+        out += _wrap(
+            f"The target counts no requests: an op here is one of the {what}, counted while "
+            "--hold's uprobes trapped every mutex call: on a hot lock today's rate is lower, and "
+            "the threads a ceiling binds at more, than without them (docs/record.md).",
+            "",
+        )
     return out
 
 
