@@ -56,6 +56,7 @@ PROBES_DIR = Path(str(resources.files("kvprof") / "probes"))
 PROBE_FILES = (
     "cachelines.bpf.c",
     "clock.bpf.c",
+    "hold.bpf.c",
     "locks.bpf.c",
     "offcpu.bpf.c",
     "offsample.bpf.c",
