@@ -124,9 +124,9 @@ def add_seconds(p: argparse.ArgumentParser, *flags: str, help: str, **kw: Any) -
     p.add_argument(*flags, metavar="SEC", help=help, **kw)
 
 
-def options(cls: type[T], args: argparse.Namespace) -> T:
-    """The run function's options dataclass, each field from the argument of that name
-    (fields without an argument keep their default)."""
+def options(cls: type[T], args: object) -> T:
+    """The run function's options dataclass, each field from the argument (or attribute:
+    another options object) of that name (fields without one keep their default)."""
     given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
     return cls(**given)
 

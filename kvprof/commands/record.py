@@ -10,7 +10,7 @@ import argparse
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,21 +214,8 @@ _BANNER_END = {
 
 
 def _collect_options(opts: RecordOptions) -> CollectOptions:
-    return CollectOptions(
-        hz=opts.hz,
-        stack_storage=opts.stack_storage,
-        max_entries=opts.max_entries,
-        offcpu_sample=opts.offcpu_sample,
-        offcpu_hz=opts.offcpu_hz,
-        inline=opts.inline,
-        progress=None if opts.quiet else lambda line: _progress(f"  {line}", final=True),
-        backend=opts.backend,
-        python=opts.python,
-        native=opts.native,
-        follow_forks=opts.follow_forks,
-        hold=opts.hold,
-        hold_seconds=opts.hold_seconds,
-    )
+    progress = None if opts.quiet else lambda line: _progress(f"  {line}", final=True)
+    return replace(options(CollectOptions, opts), progress=progress)
 
 
 def record(opts: RecordOptions) -> tuple[Profile, Path, signal.Signals | None]:

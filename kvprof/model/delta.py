@@ -152,29 +152,19 @@ def _cachelines(new: list[CacheLineStat], old: list[CacheLineStat]) -> list[Cach
 
 
 def _holds(new: list[LockHold], old: list[LockHold]) -> list[LockHold]:
+    """Each lock's holds since `old` (a minimum cannot subtract: the newer one is kept)."""
     before = {(h.name, h.address): h for h in old}
     out = []
     for h in new:
         o = before.get((h.name, h.address), LockHold(h.name, h.address))
-        if h.samples - o.samples <= 0:
-            continue
-        by_thread = {}
-        for tid, t in h.by_thread.items():
-            ot = o.by_thread.get(tid, ThreadHolds())
-            if t.acquisitions - ot.acquisitions > 0:
-                by_thread[tid] = ThreadHolds(t.acquisitions - ot.acquisitions, t.hold_ns - ot.hold_ns)
-        out.append(
-            LockHold(
-                h.name,
-                h.address,
-                h.acquisitions - o.acquisitions,
-                h.hold_ns - o.hold_ns,
-                h.samples - o.samples,
-                h.min_ns,  # a minimum cannot subtract: the newer one is kept
-                by_thread,
-                round(h.window_s - o.window_s, 3),
-            )
-        )
+        if h.samples > o.samples:
+            mine = {t: ThreadHolds(v.acquisitions, v.hold_ns) for t, v in h.by_thread.items()}
+            for tid, t in o.by_thread.items():
+                mine[tid].acquisitions -= t.acquisitions
+                mine[tid].hold_ns -= t.hold_ns
+            out.append(replace(h, acquisitions=h.acquisitions - o.acquisitions, hold_ns=h.hold_ns - o.hold_ns,
+                               samples=h.samples - o.samples, window_s=round(h.window_s - o.window_s, 3),
+                               by_thread={t: v for t, v in mine.items() if v.acquisitions > 0}))  # fmt: skip
     return out
 
 

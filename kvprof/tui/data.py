@@ -243,10 +243,10 @@ def build_frame(tl: Timeline, title: str, command: str, source: str) -> Frame:
         interval=interval,
         recent=recent,
         total=total,
+        ceiling=ceilings.ladder_line(rungs),
         findings=findings,
         status=status,
         kvs_probes=kvs,
-        ceiling=ceilings.ladder_line(rungs),
     )
 
 

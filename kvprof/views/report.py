@@ -310,6 +310,11 @@ WAIT_COLUMNS = [
     ("wait_ms_per_s", "wait ms/s", 1.0),
     ("wait_share", "% time", 100.0),
 ]
+CPU_COLUMNS = [
+    ("samples", "samples", 1.0),
+    ("share_of_thread", "% thread", 100.0),
+    ("cpu_s_per_s", "CPU %", 100.0),
+]
 THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
     "lock": WAIT_COLUMNS,
     "cacheline": [
@@ -321,16 +326,8 @@ THREAD_COLUMNS: dict[str, list[tuple[str, str, float]]] = {
         ("samples", "samples", 1.0),
         ("share", "% its CPU", 100.0),
     ],
-    "cpu": [
-        ("samples", "samples", 1.0),
-        ("share_of_thread", "% thread", 100.0),
-        ("cpu_s_per_s", "CPU %", 100.0),
-    ],
-    "lock-cpu": [
-        ("samples", "samples", 1.0),
-        ("share_of_thread", "% thread", 100.0),
-        ("cpu_s_per_s", "CPU %", 100.0),
-    ],
+    "cpu": CPU_COLUMNS,
+    "lock-cpu": CPU_COLUMNS,
     "futex": WAIT_COLUMNS,
     "offcpu": [("offcpu_ms_per_s", "off-CPU ms/s", 1.0), ("wall_share", "% time", 100.0)],
 }
