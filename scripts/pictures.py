@@ -10,10 +10,13 @@
    --kind cpu|offcpu|locks` of the baseline and `kvprof diff` baseline ->
    fixed (on-CPU): docs/images/flamegraph-<kind>.png, flamegraph-diff.png.
 
+3. The ceiling ladder of that baseline recording (`kvprof report --json`'s
+   `ceilings`): each serialized resource's ceiling on a log scale, lowest
+   first, beside today's throughput: docs/images/ceiling-ladder.png.
+
 SVGs become PNGs in headless Chromium (Debian's `chromium`, installed by
-provision.sh), at the SVG's own size. The ceiling ladder chart waits for its
-benchmark (issue 57). Timings and counts in the pictures are whatever the
-machine gave that minute.
+provision.sh), at the SVG's own size. Timings and counts in the pictures are
+whatever the machine gave that minute.
 
     sudo .venv/bin/python scripts/pictures.py [--only top|flame]
 """
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import re
 import subprocess
 import sys
@@ -128,6 +133,47 @@ def flame_pictures(baseline: Path, fixed: Path, tmp: Path) -> None:
     to_png(svg, IMAGES / "flamegraph-diff.png")
 
 
+LADDER_W, LADDER_ROW, LADDER_LEFT = 900, 34, 260
+
+
+def ladder_svg(report: dict[str, object]) -> str:
+    """The ceilings lowest first as bars on a log scale of ops/s, today's throughput a line."""
+    rungs: list[dict[str, object]] = report["ceilings"]  # type: ignore[assignment]
+    ops = float(report["throughput_ops_per_s"])  # type: ignore[arg-type]
+    values = [float(r["ceiling_ops_per_s"]) for r in rungs]  # type: ignore[arg-type]
+    lo, hi = math.log10(max(ops, 1) / 2), math.log10(max([*values, ops]) * 8)  # room for the labels
+    width = LADDER_W - LADDER_LEFT - 20
+
+    def x(v: float) -> float:
+        return LADDER_LEFT + width * (math.log10(max(v, 1)) - lo) / (hi - lo)
+
+    height = max(220, 60 + LADDER_ROW * len(rungs))  # Chromium draws nothing in a very short window
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{LADDER_W}" height="{height}" '
+           f'viewBox="0 0 {LADDER_W} {height}" font-family="DejaVu Sans, sans-serif" font-size="13">',
+           f'<rect width="{LADDER_W}" height="{height}" fill="white"/>',
+           '<text x="10" y="22" font-weight="bold">Where throughput stops scaling: '
+           "each serialized resource's ceiling (ops/s, log scale)</text>"]  # fmt: skip
+    for i, (r, v) in enumerate(zip(rungs, values, strict=True)):
+        y = 40 + i * LADDER_ROW
+        out.append(f'<text x="10" y="{y + 18}">{r["resource"]}</text>')
+        out.append(f'<rect x="{LADDER_LEFT}" y="{y + 4}" width="{x(v) - LADDER_LEFT:.1f}" height="20" '
+                   f'fill="{"#d9534f" if i == 0 else "#f0ad4e"}"/>')  # fmt: skip
+        threads = float(r["binds_at_threads"])  # type: ignore[arg-type]
+        out.append(f'<text x="{x(v) + 6:.1f}" y="{y + 18}">{v:,.0f} (~{threads:,.0f} threads)</text>')
+    out.append(f'<line x1="{x(ops):.1f}" y1="34" x2="{x(ops):.1f}" y2="{height - 8}" stroke="#337ab7" '
+               'stroke-width="2" stroke-dasharray="4 3"/>')  # fmt: skip
+    out.append(f'<text x="{x(ops) + 4:.1f}" y="{height - 10}" fill="#337ab7">today {ops:,.0f} ops/s</text>')
+    return "\n".join([*out, "</svg>"])
+
+
+def ladder_picture(baseline: Path, tmp: Path) -> None:
+    report = subprocess.run([*KVPROF, "report", "--json", str(baseline)], check=True, capture_output=True,
+                            text=True).stdout  # fmt: skip
+    svg = tmp / "ceiling-ladder.svg"
+    svg.write_text(ladder_svg(json.loads(report)))
+    to_png(svg, IMAGES / "ceiling-ladder.png")
+
+
 def under_load(preset: str, then: list[Callable[[Server], object]]) -> None:
     """kvcached at `preset` under the demo load while each of `then` runs with the server."""
     server = start_kvcached(["--preset", preset, "-t", "2"])
@@ -159,6 +205,7 @@ def main() -> int:
         if a.only != "top":
             under_load("fixed", [lambda s: record(s, tmp / "fixed.json.gz")])
             flame_pictures(tmp / "baseline.json.gz", tmp / "fixed.json.gz", tmp)
+            ladder_picture(tmp / "baseline.json.gz", tmp)
     return 0
 
 
