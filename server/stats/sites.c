@@ -151,6 +151,8 @@ struct topkeys_table {
 } KV_ALIGNED;
 
 static struct topkeys_table *shared_topkeys;
+static struct topkeys_table *thread_topkeys; /* nslots */
+
 long kv_topkeys_hold_ns;
 
 /* --topkeys-hold-ns: spin on the clock, so the thread stays on its CPU
@@ -161,7 +163,6 @@ static void topkeys_hold(void)
     while (now_ns() < until)
         __asm__ volatile("" ::: "memory");
 }
-static struct topkeys_table *thread_topkeys; /* nslots */
 
 __attribute__((noinline)) void update_topkeys(const char *key, size_t nkey, uint64_t hv)
 {
