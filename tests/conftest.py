@@ -188,16 +188,25 @@ def contend_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def contend(contend_binary: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list for the test programs a test starts (support.start_ready): each one is
+    stopped at teardown, by closing its stdin (support.stop_contend)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        stop_contend(proc)
+
+
+@pytest.fixture
+def contend(
+    contend_binary: Path, started: list[subprocess.Popen[bytes]]
+) -> Callable[[], subprocess.Popen[bytes]]:
     """Start the contend program (runs until its stdin closes); every one is stopped at teardown."""
-    started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
         return start_ready([contend_binary, "60"], started)
 
-    yield start
-    for proc in started:
-        stop_contend(proc)
+    return start
 
 
 # ---- running as an unprivileged user (65534) ---------------------------------

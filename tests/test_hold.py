@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import KVPROF, TESTS, kvprof, record_args, start_ready, stop_contend
+from support import KVPROF, TESTS, kvprof, record_args, start_ready
 
 from kvprof.analysis import ceilings, whatif
 from kvprof.collect import UPROBE_HIT_NS
@@ -31,11 +31,8 @@ def hold_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def holder(hold_binary: Path) -> Iterator[subprocess.Popen[bytes]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield start_ready([hold_binary, str(HOLD_NS)], started)
-    for proc in started:
-        stop_contend(proc)
+def holder(hold_binary: Path, started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    return start_ready([hold_binary, str(HOLD_NS)], started)
 
 
 def _round(proc: subprocess.Popen[bytes], n: int) -> int:

@@ -14,11 +14,11 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import kvload, record, start_ready, stop_contend
+from support import kvload, record, start_ready
 
 from kvprof.analysis.findings import find
 from kvprof.analysis.findings.lock_cpu import ID_PREFIX, UNKNOWN_CALLER, describe
@@ -276,14 +276,6 @@ def glibc_lock_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("lock_cpu") / "glibc_lock"
     subprocess.run(["cc", "-O1", "-pthread", "-o", str(out), str(GLIBC_LOCK)], check=True, timeout=60)
     return out
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        stop_contend(proc)
 
 
 @pytest.mark.bpf

@@ -14,11 +14,10 @@ import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import collecting, snapshot, stop_contend
+from support import collecting, snapshot
 
 from kvprof.analysis.findings import find
 from kvprof.collect import CollectOptions
@@ -40,14 +39,6 @@ def build(tmp: Path, name: str, *flags: str) -> Path:
         ["cc", "-O2", *flags, "-pthread", "-o", str(out), str(PROGRAMS / f"{name}.c")], check=True, timeout=60
     )
     return out
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        stop_contend(p)
 
 
 def start(procs: list[subprocess.Popen[bytes]], *cmd: str) -> subprocess.Popen[bytes]:

@@ -25,7 +25,7 @@ from bcc.utils import get_online_cpus
 from kvprof.collect import PROBES_DIR, CollectError, CollectOptions, follow
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.usdt import KvsProgram, not_applicable
-from kvprof.model.profile import Profile
+from kvprof.model.profile import Profile, ThreadInfo
 
 
 @dataclass
@@ -437,6 +437,23 @@ def warn(profile: Profile, what: str, n: int, fix: str) -> None:
     """`what: n (fix)` in the profile's warnings, replacing an earlier count of the same thing."""
     kept = [w for w in profile.status.warnings if not w.startswith(f"{what}: ")]
     profile.status.warnings = [*kept, f"{what}: {n} ({fix})"]
+
+
+def named_thread(profile: Profile, tid: int, names: ThreadNames) -> ThreadInfo:
+    """The profile's row of thread `tid`, named from `names` when it has no name yet."""
+    info = profile.threads.setdefault(str(tid), ThreadInfo())
+    if not info.name:
+        info.name = names.get(tid)
+    return info
+
+
+def put_counters(profile: Profile, collector: str, counters: dict[str, int], lost: str) -> None:
+    """A collector's own counters into the profile's status as `collector.label`, and a
+    warning when its map filled and `lost` (what it keeps: "waits") were dropped."""
+    for label, value in counters.items():
+        profile.status.counters[f"{collector}.{label}"] = value
+    if counters.get("map_full"):
+        warn(profile, f"{collector}: {lost} dropped, map full", counters["map_full"], "raise --max-entries")
 
 
 class ThreadNames:

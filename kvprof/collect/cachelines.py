@@ -32,8 +32,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, Module, ThreadNames, map_items, percpu_counters
-from kvprof.model.profile import CacheLineStat, LineThread, Profile, ThreadInfo
+from kvprof.collect.bpf import (
+    KvsCollector,
+    Module,
+    ThreadNames,
+    map_items,
+    named_thread,
+    percpu_counters,
+    put_counters,
+)
+from kvprof.model.profile import CacheLineStat, LineThread, Profile
 from kvprof.model.topology import Topology
 
 MAX_SOCKETS = 8
@@ -165,15 +173,8 @@ class CachelinesCollector(KvsCollector):
         ours = {(c.site, c.line) for c in stats}
         profile.cachelines[:] = [c for c in profile.cachelines if (c.site, c.line) not in ours] + stats
         for tid in {r.tid for r in snap.rows}:
-            info = profile.threads.setdefault(str(tid), ThreadInfo())
-            if not info.name:
-                info.name = self._names.get(tid)
-        for label, value in snap.counters.items():
-            profile.status.counters[f"cachelines.{label}"] = value
-        if snap.counters.get("map_full"):
-            profile.status.warnings.append(
-                f"cachelines: {snap.counters['map_full']} samples dropped, map full: raise --max-entries"
-            )
+            named_thread(profile, tid, self._names)
+        put_counters(profile, "cachelines", snap.counters, "samples")
 
 
 def aggregate(

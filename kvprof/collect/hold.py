@@ -26,14 +26,24 @@ import time
 from dataclasses import dataclass, field
 
 from kvprof.collect import UPROBE_HIT_NS, CollectError, CollectOptions
-from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, map_items, percpu_counters, source
+from kvprof.collect.bpf import (
+    BpfCollector,
+    Module,
+    Program,
+    ThreadNames,
+    map_items,
+    named_thread,
+    percpu_counters,
+    put_counters,
+    source,
+)
 from kvprof.collect.debuginfo import ProcessSymbols, read_maps
 from kvprof.collect.elf import ElfFile, ProbesError
 from kvprof.collect.procroot import mapped_file
 from kvprof.collect.server_stats import TargetStats
 from kvprof.collect.symbols import DataNames
 from kvprof.collect.usdt import attach_uprobe, exe_of
-from kvprof.model.profile import LockHold, Profile, ThreadHolds, ThreadInfo
+from kvprof.model.profile import LockHold, Profile, ThreadHolds
 
 COUNTERS = ("hits", "short", "unmatched", "map_full")  # the order of enum hold_counter
 STT_FUNC = 2
@@ -249,18 +259,11 @@ class HoldCollector(BpfCollector):
         if hold.acquisitions:
             profile.holds.append(hold)
         for tid in snap.threads:
-            info = profile.threads.setdefault(str(tid), ThreadInfo())
-            if not info.name:
-                info.name = self._names.get(tid)
-        for label, value in snap.counters.items():
-            profile.status.counters[f"hold.{label}"] = value
+            named_thread(profile, tid, self._names)
+        put_counters(profile, "hold", snap.counters, "holds")
         profile.status.notes.append(note(self.lock_name, snap))
         if self._counters.get("hold.before") and self._counters.get("hold.after"):
             profile.server_stats.update(self._counters)
-        if snap.counters.get("map_full"):
-            profile.status.warnings.append(
-                f"hold: {snap.counters['map_full']} holds dropped, map full: raise --max-entries"
-            )
 
 
 def to_hold(name: str, address: int, snap: _Snapshot) -> LockHold:

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, CollectOptions
-from kvprof.collect.bpf import KvsCollector, ThreadNames, cstr, map_items, percpu_counters
+from kvprof.collect.bpf import (
+    KvsCollector,
+    ThreadNames,
+    cstr,
+    map_items,
+    named_thread,
+    percpu_counters,
+    put_counters,
+)
 from kvprof.collect.symbols import Symbolizer
 from kvprof.collect.unwind import Unwinder
 from kvprof.model.profile import (
@@ -30,7 +38,6 @@ from kvprof.model.profile import (
     LockStat,
     Profile,
     ThreadHolds,
-    ThreadInfo,
     ThreadWaits,
 )
 
@@ -120,16 +127,8 @@ class LocksCollector(KvsCollector):
         for r in snap.rows:
             per_tid[r.tid] = per_tid.get(r.tid, 0) + r.wait_ns
         for tid, ns in per_tid.items():
-            info = profile.threads.setdefault(str(tid), ThreadInfo())
-            info.lock_wait_ns = ns
-            if not info.name:
-                info.name = self._names.get(tid)
-        for label, value in snap.counters.items():
-            profile.status.counters[f"locks.{label}"] = value
-        if snap.counters.get("map_full"):
-            profile.status.warnings.append(
-                f"locks: {snap.counters['map_full']} waits dropped, map full: raise --max-entries"
-            )
+            named_thread(profile, tid, self._names).lock_wait_ns = ns
+        put_counters(profile, "locks", snap.counters, "waits")
         if snap.counters.get("stack_errors"):
             profile.status.warnings.append(
                 f"locks: {snap.counters['stack_errors']} call-site stacks lost: raise --stack-storage"

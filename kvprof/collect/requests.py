@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from kvprof.collect import HIST_SLOTS, PROBES_DIR
-from kvprof.collect.bpf import KvsCollector, map_items, percpu_counters
+from kvprof.collect.bpf import KvsCollector, map_items, percpu_counters, put_counters
 from kvprof.collect.cdefs import x_macro
 from kvprof.model.histogram import hist_percentile
 from kvprof.model.profile import Profile, RequestStat
@@ -64,5 +64,4 @@ class RequestsCollector(KvsCollector):
                 p50_ns=hist_percentile(hist, 0.50),
                 p99_ns=hist_percentile(hist, 0.99),
             )
-        for label, value in snap.counters.items():
-            profile.status.counters[f"requests.{label}"] = value
+        put_counters(profile, "requests", snap.counters, "requests")
