@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from support import kvload, kvprof, record
 
-from kvprof.analysis import ceilings
+from kvprof.analysis import ceilings, critical
 from kvprof.analysis.findings.common import THRESHOLDS
 from kvprof.model.profile import (
+    HZ,
     CacheLineStat,
     Finding,
     LineThread,
@@ -30,14 +31,16 @@ SECONDS = 10.0
 OPS = 50_000.0  # requests a second in the hand-made profiles
 
 
-def _profile(holds: list[LockHold], lines: list[CacheLineStat] | None = None) -> Profile:
-    """SECONDS of a server that served OPS requests a second (its `stats` before and after)."""
+def _profile(holds: list[LockHold], lines: list[CacheLineStat] | None = None, busy: float = 0.5) -> Profile:
+    """SECONDS of a server that served OPS requests a second (its `stats` before and after),
+    each of its two threads on the CPU `busy` of the time."""
     p = Profile(Target(pid=1, comm="kvcached"), window=Window(start=1.0, duration_s=SECONDS))
     p.server_stats = {
         "before": {"cmd_get": "1000", "cmd_set": "0"},
         "after": {"cmd_get": str(1000 + int(OPS * SECONDS)), "cmd_set": "0"},
     }
-    p.threads = {t: ThreadInfo(name=f"kv-worker-{t}", cpu_samples=100) for t in ("11", "12")}
+    samples = round(busy * HZ * SECONDS)
+    p.threads = {t: ThreadInfo(name=f"kv-worker-{t}", cpu_samples=samples) for t in ("11", "12")}
     p.holds = holds
     p.cachelines = lines or []
     return p
@@ -75,11 +78,57 @@ def test_a_lock_every_request_takes_caps_throughput_at_one_over_its_hold() -> No
 
 
 def test_a_lock_held_by_one_thread_pays_the_transfers_more_cores_would_bring() -> None:
-    """One holder (one worker): its lines never moved, so the hold at several cores adds
-    HOLD_TRANSFERS round trips to the one measured."""
+    """One holder (one worker) holding it 4 us of every 10 us busy: its lines never moved, so
+    the hold at several cores adds HOLD_TRANSFERS round trips to the one measured; two
+    threads do not saturate it, so no hand-off."""
     one = _hold("topkeys", 0xA0, {"11": (ACQ, ACQ * 4000)})
-    (c,) = ceilings.lock_ceilings(_profile([one]), OPS)
-    assert c.busy_ns_per_op == pytest.approx(4000 + ceilings.HOLD_TRANSFERS * THRESHOLDS.transfer_ns)
+    (c,) = ceilings.lock_ceilings(_profile([one], busy=0.5), OPS)
+    assert c.busy_ns_per_op == pytest.approx(4000 + critical.HOLD_TRANSFERS * THRESHOLDS.transfer_ns)
+
+
+def test_a_sleeping_mutex_two_threads_saturate_pays_the_hand_off_where_it_binds() -> None:
+    """One holder holding it 16 us of every 20 us busy: two threads saturate it, so each
+    acquisition also pays the gap a release leaves (the releaser back first: its outside work
+    and a share of a waking unlock); the ceiling is far below one over the hold."""
+    one = _hold("topkeys", 0xA0, {"11": (ACQ, ACQ * 16_000)})
+    (c,) = ceilings.lock_ceilings(_profile([one], busy=1.0), OPS)
+    held = 16_000 + critical.HOLD_TRANSFERS * THRESHOLDS.transfer_ns
+    outside = 20_000 - 16_000
+    gap = outside + THRESHOLDS.wake_ns * min(1.0, (held + outside) / THRESHOLDS.handoff_ns)
+    assert gap < THRESHOLDS.handoff_ns
+    assert c.busy_ns_per_op == pytest.approx(held + gap)
+    assert c.ceiling_ops_per_s < 1e9 / held * 0.8
+
+
+def _section(own: float, outside: float, sleeping: bool = True) -> critical.Section:
+    return critical.Section(
+        "lock", 0xA0, own, 0.0, outside, 1.0, 1, critical.Costs(100.0, 20_000.0, 5_000.0), sleeping
+    )
+
+
+def test_the_gap_is_the_hand_off_when_the_sleeper_wakes_before_the_releaser_is_back() -> None:
+    """Releaser back late (long outside work): the sleeper takes it after the hand-off; back
+    early: the releaser barges in after its outside work and a share of the waking unlock."""
+    late, early = _section(30_000.0, 25_000.0), _section(10_000.0, 2_000.0)
+    assert late.gap_ns == pytest.approx(20_000.0)
+    assert early.gap_ns == pytest.approx(2_000.0 + 5_000.0 * (10_200.0 + 2_000.0) / 20_000.0)
+    assert late.convoyed(2) and early.convoyed(2)
+    assert early.hold_ns(2) == pytest.approx(10_200.0 + early.gap_ns)
+    assert early.excess_ns(2) == pytest.approx(200.0 + early.gap_ns)
+
+
+def test_no_hand_off_below_saturation_at_one_thread_or_for_a_spinning_lock() -> None:
+    """A lock two threads do not saturate binds where the threads' demand reaches one over its
+    hold (its own work and transfers); one thread moves no line; a spinlock sleeps no waiter;
+    without the threads' busy time, no saturation is claimed."""
+    short = _section(300.0, 1_500.0)
+    assert not short.convoyed(2) and short.binds_at == pytest.approx((500.0 + 1_500.0) / 500.0)
+    assert short.ceiling_ops_per_s == pytest.approx(1e9 / 500.0)
+    assert short.hold_ns(1) == pytest.approx(300.0) and short.excess_ns(1) == 0.0
+    spin = _section(10_000.0, 2_000.0, sleeping=False)
+    assert not spin.convoyed(2) and spin.hold_ns(2) == pytest.approx(10_200.0)
+    unknown = _section(10_000.0, math.nan)
+    assert not unknown.convoyed(2) and unknown.hold_ns(2) == pytest.approx(10_200.0)
 
 
 def test_locks_of_one_name_on_several_addresses_get_no_ceiling() -> None:
