@@ -218,9 +218,10 @@ def _recorded(server: Server, tmp_path: Path) -> dict[str, object]:
 def test_one_worker_with_a_slow_critical_section_names_the_topkeys_ceiling(
     kvcached_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
-    """One worker, topkeys held >= 10 us: the uncontended mutex is the first rung, its ceiling
-    at most what a 10 us hold per request allows and above today's throughput (one worker
-    cannot pass it), binding above one thread; the shared lines bind later."""
+    """One worker, topkeys held >= 10 us of each request's few: two threads saturate the
+    mutex, so it is the first rung, its hold where it binds the 10 us and the hand-off's gap,
+    its ceiling below twice today's throughput (plain scaling overshoots it) and binding
+    before a second thread; the shared lines bind later."""
     server = kvcached_factory("-t", "1", "--topkeys-hold-ns", str(HOLD_NS))
     data = _recorded(server, tmp_path)
     ops = float(data["throughput_ops_per_s"])  # type: ignore[arg-type]
@@ -229,8 +230,9 @@ def test_one_worker_with_a_slow_critical_section_names_the_topkeys_ceiling(
     first = rungs[0]
     assert first["resource"] == "topkeys mutex", rungs
     # the acquisitions per request are an estimate from paced samples: a margin for that alone
-    assert ops < float(first["ceiling_ops_per_s"]) <= 1.3 * 1e9 / HOLD_NS, (ops, first)
-    assert float(first["binds_at_threads"]) > 1, first
+    assert float(first["busy_ns_per_op"]) > 1.1 * HOLD_NS, first
+    assert float(first["ceiling_ops_per_s"]) < 2 * ops, (ops, first)
+    assert float(first["binds_at_threads"]) < 2, first
     assert all(float(r["ceiling_ops_per_s"]) >= float(first["ceiling_ops_per_s"]) for r in rungs)
 
 
