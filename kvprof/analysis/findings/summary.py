@@ -7,7 +7,6 @@ from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.whatif import modelled
 from kvprof.model.profile import Finding
 
-
 # a ceiling below today's throughput: kvprof.analysis.critical's two-thread convoy
 SATURATED_NOTE = ": busier threads saturate it, and a saturated sleeping mutex pays a hand-off"
 
