@@ -37,9 +37,7 @@ def summary(f: Finding) -> str:
         s += (
             f" Alone it caps the server at {_n(f.cost['ceiling_ops_per_s'])} ops/s, whatever its cores"
             f" (about {_n(f.cost.get('binds_at_threads', 0))} busy threads at today's pace; today's"
-            f" throughput is {share:.1%} of it"
-            + (SATURATED_NOTE if share > 1 else "")
-            + ")."
+            f" throughput is {share:.1%} of it" + (SATURATED_NOTE if share > 1 else "") + ")."
         )
     return s
 
