@@ -190,6 +190,24 @@ def test_the_what_if_removes_the_hold_beyond_the_critical_sections_own_work() ->
     assert longer.cost["gain_if_fixed"] > lock.cost["gain_if_fixed"]
 
 
+def test_a_section_held_by_two_threads_has_its_shortest_hold_as_own_work() -> None:
+    """Two holders: the shortest sampled hold is the work, the mean's excess the lines that
+    moved in; the busy time between acquisitions is each holder's busy ns per acquisition
+    less the hold; what a per-thread design removes is that excess on every acquisition."""
+    h = _hold("topkeys", 0xA0, {"11": (ACQ // 2, ACQ // 2 * 3000), "12": (ACQ // 2, ACQ // 2 * 3000)})
+    h.min_ns = 1000
+    busy = {"11": 0.5, "12": 0.5}  # 5 s busy over 250k acquisitions each: 20 us apiece
+    s = critical.section(h, SECONDS, OPS, busy)
+    assert (s.own_ns, s.moved_ns, s.holders) == (1000.0, 2000.0, 2)
+    assert s.outside_ns == pytest.approx(20_000.0 - 3000.0)
+    assert s.acquisitions_per_op == pytest.approx(1.0) and not s.convoyed(2)
+    assert s.excess_ns(2) == pytest.approx(2000.0)
+    excess = critical.excess_by_thread(s, h, SECONDS, 2)
+    assert excess == pytest.approx(
+        {"11": ACQ // 2 * 2000.0 / 1e9 / SECONDS, "12": ACQ // 2 * 2000.0 / 1e9 / SECONDS}
+    )
+
+
 def test_no_throughput_no_ceiling() -> None:
     """A target whose counters say nothing (no stats, no sampled requests) gets no ladder."""
     p = _profile([SHARED])
