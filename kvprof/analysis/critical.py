@@ -162,11 +162,13 @@ def section(
     ops: float,
     busy: Mapping[str, float],
     t: Thresholds = THRESHOLDS,
+    waited: Mapping[str, float] | None = None,
 ) -> Section:
     """The critical section of lock `h` (its sampled holds, over `h.window_s` or else
-    `window_s` seconds), with `ops` requests a second (acquisitions per request from it) and
+    `window_s` seconds), with `ops` requests a second (acquisitions per request from it),
     `busy` the share of the wall time each thread was busy (tid -> 0..1:
-    kvprof.analysis.whatif's budget)."""
+    kvprof.analysis.whatif's budget, which counts lock waits as busy) and `waited` the share
+    each waited for this lock (tid -> 0..1; its waits are not work between acquisitions)."""
     dur = h.window_s or window_s
     holders = [tid for tid, th in h.by_thread.items() if th.acquisitions > 0]
     mean = h.hold_ns / h.acquisitions if h.acquisitions else 0.0
@@ -180,7 +182,7 @@ def section(
         address=h.address,
         own_ns=own,
         moved_ns=moved,
-        outside_ns=_outside(h, dur, busy, mean),
+        outside_ns=_outside(h, dur, {tid: b - (waited or {}).get(tid, 0.0) for tid, b in busy.items()}, mean),
         acquisitions_per_op=per_s / ops if ops > 0 else 0.0,
         holders=len(holders),
         costs=Costs.of(t),
