@@ -31,7 +31,6 @@ assumptions and a check against the study's numbers.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,15 +119,11 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
     for h in p.holds:
         addresses.setdefault(h.name, set()).add(h.address)
     out = []
-    busy = {tid: th.busy for tid, th in budget(p).threads.items()} if p.holds else {}
+    on_cpu = {tid: th.on_cpu for tid, th in budget(p).threads.items()} if p.holds else {}
     for h in p.holds:
         if h.acquisitions <= 0 or dur <= 0 or len(addresses[h.name]) > 1:
             continue
-        waited: dict[str, float] = defaultdict(float)  # its waits are not work between acquisitions
-        for lk in (lk for lk in p.locks if lk.name == h.name):
-            for tid, w in lk.by_thread.items():
-                waited[tid] += w.wait_ns / 1e9 / dur
-        s = critical.section(h, dur, _ops_while(p, h) or ops, busy, t, waited)
+        s = critical.section(h, dur, _ops_while(p, h) or ops, on_cpu, t)
         if s.acquisitions_per_op <= 0:
             continue
         out.append(

@@ -16,10 +16,11 @@ busy, per acquisition, for `hold_ns(threads)`:
   wakes it with FUTEX_WAKE), the hand-off. It costs the lock only when the
   lock is saturated, every acquisition finding it taken (below that, a
   waiter's wake-up delays the waiter, and the others keep taking the lock).
-  Two threads saturate a lock when each spends at least half of its busy
-  time holding it (`share >= 1/2`). From then on, after each release the lock
-  lies idle until the sleeper has woken and taken it, `handoff_ns` after the
-  unlock, or the releaser is back: after its outside work (`outside_ns`) and,
+  Two threads saturate a lock when each spends at least half of its
+  working time (on a CPU) holding it (`share >= 1/2`). From then on, after
+  each release the lock lies idle until the sleeper has woken and taken it,
+  `handoff_ns` after the unlock, or the releaser is back: after its work
+  outside the lock (`outside_ns`) and,
   once per wake-up of the sleeper, the waking unlock (`wake_ns`): glibc's
   mutex lets the running thread barge in, and the sleeper, finding the lock
   taken again, goes back to sleep to be woken by a later unlock. Whichever
@@ -39,8 +40,8 @@ requests a second: 1e9 / (hold_ns x acquisitions per request). The what-if
 (kvprof.analysis.whatif) reads the same section: a per-thread design keeps
 the own work and loses the rest (`excess_ns`).
 
-Pure functions over kvprof.model; the caller hands in the threads' busy
-shares (kvprof.analysis.whatif's budget), so this module imports no analysis
+Pure functions over kvprof.model; the caller hands in the threads' time on a
+CPU (kvprof.analysis.whatif's budget), so this module imports no analysis
 that imports it. docs/findings.md has the model, its assumptions and the
 study's numbers.
 """
@@ -55,7 +56,7 @@ from kvprof.analysis.findings.common import THRESHOLDS, Thresholds
 from kvprof.model.profile import LockHold
 
 HOLD_TRANSFERS = 2  # the lock's word and one line of its data, when one thread held it
-SATURATED = 0.5  # the share of a thread's busy time in the lock from which two threads saturate it
+SATURATED = 0.5  # the share of a thread's work in the lock from which two threads saturate it
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Section:
     address: int
     own_ns: float  # the critical section's own work
     moved_ns: float  # measured beyond the own work when several threads held it (lines that moved in)
-    outside_ns: float  # a holder's busy time between two acquisitions (nan: not known)
+    outside_ns: float  # a holder's work (on a CPU) between two acquisitions (nan: not known)
     acquisitions_per_op: float  # acquisitions per request (0: no throughput known)
     holders: int  # threads seen holding it
     costs: Costs
@@ -95,8 +96,8 @@ class Section:
 
     @property
     def share(self) -> float:
-        """The share of a holder's busy time spent holding it, at two or more threads (0..1;
-        nan when the threads' busy time is not known)."""
+        """The share of a holder's working time spent holding it, at two or more threads (0..1;
+        nan when the threads' time on a CPU is not known)."""
         held = self.own_ns + self.transfer_ns(2)
         return held / (held + self.outside_ns) if held + self.outside_ns > 0 else math.nan
 
@@ -160,15 +161,14 @@ def section(
     h: LockHold,
     window_s: float,
     ops: float,
-    busy: Mapping[str, float],
+    on_cpu: Mapping[str, float],
     t: Thresholds = THRESHOLDS,
-    waited: Mapping[str, float] | None = None,
 ) -> Section:
     """The critical section of lock `h` (its sampled holds, over `h.window_s` or else
-    `window_s` seconds), with `ops` requests a second (acquisitions per request from it),
-    `busy` the share of the wall time each thread was busy (tid -> 0..1:
-    kvprof.analysis.whatif's budget, which counts lock waits as busy) and `waited` the share
-    each waited for this lock (tid -> 0..1; its waits are not work between acquisitions)."""
+    `window_s` seconds), with `ops` requests a second (acquisitions per request from it) and
+    `on_cpu` the share of the wall time each thread ran on a CPU (tid -> 0..1:
+    kvprof.analysis.whatif's budget): its work. Waiting for a CPU the machine's other
+    programs took, or for a lock, is not work between acquisitions."""
     dur = h.window_s or window_s
     holders = [tid for tid, th in h.by_thread.items() if th.acquisitions > 0]
     mean = h.hold_ns / h.acquisitions if h.acquisitions else 0.0
@@ -182,22 +182,22 @@ def section(
         address=h.address,
         own_ns=own,
         moved_ns=moved,
-        outside_ns=_outside(h, dur, {tid: b - (waited or {}).get(tid, 0.0) for tid, b in busy.items()}, mean),
+        outside_ns=_outside(h, dur, on_cpu, mean),
         acquisitions_per_op=per_s / ops if ops > 0 else 0.0,
         holders=len(holders),
         costs=Costs.of(t),
     )
 
 
-def _outside(h: LockHold, dur: float, busy: Mapping[str, float], mean: float) -> float:
-    """A holder's busy time between two acquisitions: its busy ns per acquisition less the hold,
-    weighted by acquisitions over the threads that held it and were seen busy (nan: none)."""
+def _outside(h: LockHold, dur: float, on_cpu: Mapping[str, float], mean: float) -> float:
+    """A holder's work between two acquisitions: its ns on a CPU per acquisition less the hold,
+    weighted by acquisitions over the threads that held it and were seen on a CPU (nan: none)."""
     total = n = 0.0
     for tid, th in h.by_thread.items():
-        b = busy.get(tid, 0.0)
-        if th.acquisitions <= 0 or b <= 0 or dur <= 0:
+        ran = on_cpu.get(tid, 0.0)
+        if th.acquisitions <= 0 or ran <= 0 or dur <= 0:
             continue
-        per_acq = b * dur * 1e9 / th.acquisitions
+        per_acq = ran * dur * 1e9 / th.acquisitions
         total += th.acquisitions * max(0.0, per_acq - mean)
         n += th.acquisitions
     return total / n if n else math.nan
