@@ -54,6 +54,7 @@ class Ceiling:
     ceiling_ops_per_s: float
     binds_at_threads: float
     cross_socket_ops_per_s: float = math.nan  # a line's ceiling when its writers span sockets
+    convoy_ops_per_s: float = math.nan  # a lock's past its ceiling: two threads saturate it, hand-off paid
     finding: str = ""  # the id of the finding it belongs to
     after_fix_ops_per_s: float = math.nan  # the next rung of the ladder (inf: none left)
 
@@ -127,7 +128,15 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
         if s.acquisitions_per_op <= 0:
             continue
         out.append(
-            Ceiling(f"{h.name} mutex", "lock", h.name, s.busy_ns_per_op, s.ceiling_ops_per_s, math.nan)
+            Ceiling(
+                f"{h.name} mutex",
+                "lock",
+                h.name,
+                s.busy_ns_per_op,
+                s.ceiling_ops_per_s,
+                math.nan,
+                convoy_ops_per_s=s.convoy_ops_per_s,
+            )
         )
     return out
 
@@ -232,6 +241,7 @@ def to_json(c: Ceiling) -> dict[str, Any]:
         "ceiling_ops_per_s": round(c.ceiling_ops_per_s, 1),
         "binds_at_threads": round(c.binds_at_threads, 2),
         "cross_socket_ops_per_s": _finite(c.cross_socket_ops_per_s),
+        "convoy_ops_per_s": _finite(c.convoy_ops_per_s),
         "after_fix_ops_per_s": _finite(c.after_fix_ops_per_s),
     }
 
