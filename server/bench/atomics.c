@@ -215,7 +215,7 @@ int main(int argc, char **argv)
     }
     if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10 || ((mode == PINGPONG || mode == HANDOFF) && threads != 2)) {
         fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local, pingpong, handoff), "
-                        "1 <= --threads <= %d (pingpong, handoff: 2), --duration-ms >= 10\n", MAX_THREADS);
+                        "1 <= --threads <= %d (pingpong: 2, handoff: 2), --duration-ms >= 10\n", MAX_THREADS);
         return EX_USAGE;
     }
     pthread_attr_t attr;
