@@ -487,6 +487,22 @@ def test_pingpong_round_trip_is_measured() -> None:
     assert all(10 < v < 100_000 for v in readings), values
 
 
+def test_handoff_measures_a_mutex_handed_to_a_sleeper() -> None:
+    """atomics --mode handoff: every acquisition is a hand-off to a thread asleep in the futex
+    wait, so the hand-off is positive and longer than the unlocker's time in the waking unlock
+    (the wake is part of it); it needs exactly two threads."""
+    bad = subprocess.run(
+        [str(placement.atomics_binary()), "--mode", "handoff", "--threads", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 64 and "handoff: 2" in bad.stderr
+    handoff, wake = placement.handoff_ns(10_000, ms=200)
+    if math.isnan(handoff):
+        pytest.skip(f"machine too loaded (load {os.getloadavg()[0]:.1f}): no hand-off in 200 ms")
+    assert 0 < wake < handoff, (handoff, wake)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the round-trip probe needs two CPUs")
 @pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root")
 def test_pingpong_realtime_measures_on_a_busy_machine() -> None:

@@ -5,10 +5,10 @@ number of cores (the utilization law: a resource busy `D` seconds per
 request serves at most `1 / D` requests a second):
 
 - a lock held `h` ns per acquisition, `a` acquisitions per request, is busy
-  `a x h` per request. The hold time at several cores is the one measured
-  (kvcached's sampled `lock__hold`) plus, when it was measured with a
-  single holder, the transfers the lock's own word and the line of data the
-  critical section writes would then cost: `HOLD_TRANSFERS` round trips;
+  `a x h` per request. `h` is its critical section's at the thread count
+  where it binds (kvprof.analysis.critical): its own work, the transfers of
+  the lines it writes, and for a sleeping mutex two threads saturate, the
+  hand-off;
 - a cache line written by two or more threads moves between cores for
   every write: `w` writes per request each wait a transfer `t`, so the line
   is busy `w x t` per request. `t` is one same-socket round trip
@@ -34,12 +34,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvprof.analysis import critical
 from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
 from kvprof.analysis.whatif import budget
 from kvprof.model.profile import Finding, LockHold, Profile
 
-HOLD_TRANSFERS = 2  # the lock's word and one line of its data, when one thread held it
 FAR = 1000.0  # a ceiling further than this factor above today's throughput is not a rung
 
 
@@ -54,6 +54,7 @@ class Ceiling:
     ceiling_ops_per_s: float
     binds_at_threads: float
     cross_socket_ops_per_s: float = math.nan  # a line's ceiling when its writers span sockets
+    convoy_ops_per_s: float = math.nan  # a lock's past its ceiling: two threads saturate it, hand-off paid
     finding: str = ""  # the id of the finding it belongs to
     after_fix_ops_per_s: float = math.nan  # the next rung of the ladder (inf: none left)
 
@@ -109,23 +110,34 @@ def _busy_threads(p: Profile) -> float:
 
 def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ceiling]:
     """A ceiling for each single lock (kvcached's lock__hold, or the one lock
-    `record --hold` timed, over the seconds it did: `window_s`): a name whose
-    holds were all on one address. A name on several addresses is striped or
-    one per thread: the paced sample stands for the acquisitions of the whole
-    name, and cannot say how they spread over the addresses, so it gets none."""
+    `record --hold` timed, over the seconds it did: `window_s`), from its critical
+    section (kvprof.analysis.critical): a name whose holds were all on one
+    address. A name on several addresses is striped or one per thread: the
+    paced sample stands for the acquisitions of the whole name, and cannot say
+    how they spread over the addresses, so it gets none."""
     dur = seconds(p)
     addresses: dict[str, set[int]] = {}
     for h in p.holds:
         addresses.setdefault(h.name, set()).add(h.address)
     out = []
+    on_cpu = {tid: th.on_cpu for tid, th in budget(p).threads.items()} if p.holds else {}
     for h in p.holds:
         if h.acquisitions <= 0 or dur <= 0 or len(addresses[h.name]) > 1:
             continue
-        hold = h.hold_ns / h.acquisitions
-        if sum(1 for th in h.by_thread.values() if th.acquisitions > 0) < 2:
-            hold += HOLD_TRANSFERS * t.transfer_ns
-        per_op = hold * (h.acquisitions / (h.window_s or dur)) / (_ops_while(p, h) or ops)
-        out.append(Ceiling(f"{h.name} mutex", "lock", h.name, per_op, 1e9 / per_op, math.nan))
+        s = critical.section(h, dur, _ops_while(p, h) or ops, on_cpu, t)
+        if s.acquisitions_per_op <= 0:
+            continue
+        out.append(
+            Ceiling(
+                f"{h.name} mutex",
+                "lock",
+                h.name,
+                s.busy_ns_per_op,
+                s.ceiling_ops_per_s,
+                math.nan,
+                convoy_ops_per_s=s.convoy_ops_per_s,
+            )
+        )
     return out
 
 
@@ -229,6 +241,7 @@ def to_json(c: Ceiling) -> dict[str, Any]:
         "ceiling_ops_per_s": round(c.ceiling_ops_per_s, 1),
         "binds_at_threads": round(c.binds_at_threads, 2),
         "cross_socket_ops_per_s": _finite(c.cross_socket_ops_per_s),
+        "convoy_ops_per_s": _finite(c.convoy_ops_per_s),
         "after_fix_ops_per_s": _finite(c.after_fix_ops_per_s),
     }
 

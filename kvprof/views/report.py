@@ -455,6 +455,14 @@ def _ceilings_section(profile: Profile, findings: list[Finding]) -> list[str]:
         "time: its time per request caps the server whatever its cores (docs/findings.md).",
         "",
     )
+    below = [c.resource for c in rungs if c.kind == "lock" and c.ceiling_ops_per_s < ops]
+    if below:
+        out += _wrap(
+            f"Below today's throughput: {', '.join(below)}. Its threads hold it most of their "
+            "time on a CPU, so two saturate it, and a saturated sleeping mutex is handed over "
+            "slower than one thread takes it: more threads would serve less.",
+            "",
+        )
     if what != "requests":
         out += _wrap(
             f"The target counts no requests: an op here is one of the {what}, counted while "
