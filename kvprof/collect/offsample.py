@@ -75,6 +75,7 @@ import struct
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvprof.collect import (
@@ -326,43 +327,60 @@ class OffSampleCollector(BpfCollector):
             tids = (tids[start:] + tids[:start])[:per_look]
             self._next_after = tids[-1]
         turn = period * max(1, -(-len(self._threads) // per_look))
+        later = []
         for tid in tids:
             th = self._threads.get(tid) or self._new(tid, now)
             if th is not None:
-                self._look_at(th, now, min(now - th.looked, 2 * turn) if period else 0)
+                later.append(self._look_at(th, now, min(now - th.looked, 2 * turn) if period else 0))
+        self._walk_later(later)
 
     def _look_hot(self, now: int, most: int) -> None:
         """Look at the threads seen in a futex wait lately (`most` of them at most)."""
         hot = [th for th in self._threads.values() if th.hot > now][:most]
         self._looks += bool(hot)
-        for th in hot:
-            self._look_at(th, now, now - th.looked)
+        self._walk_later([self._look_at(th, now, now - th.looked) for th in hot])
 
-    def _look_at(self, th: _Thread, now: int, weight: int) -> None:
+    def _walk_later(self, later: list[Callable[[], None] | None]) -> None:
+        """What a look left for after every thread's state was read: the stack walks and
+        what they name. A walk takes longer than the reads, and while kvprof looks it
+        holds a CPU the target's threads wait for: a state read after it is not the
+        state the target is in without kvprof."""
+        for finish in later:
+            try:
+                if finish is not None:
+                    finish()
+            except (OSError, ValueError, IndexError):  # gone meanwhile: no sample
+                self._failed += 1
+
+    def _look_at(self, th: _Thread, now: int, weight: int) -> Callable[[], None] | None:
         """One look at a thread: a sample that stands for `weight` ns (0: none, only its
         schedstat read). A thread not switched in since its last sample counts that
-        sample again, only /proc's syscall line read (the module's docstring says why)."""
+        sample again, only /proc's syscall line read (the module's docstring says why).
+        What it returns walks the stack read and counts the sample (_walk_later)."""
         th.looked = now
         try:
             th.last, th.runs = _schedstat(th.schedstat, now)
             if not weight:
-                return
+                return None
             call = _pread_text(th.syscall).split()
             if th.asleep is not None and th.asleep[0] == th.runs:
                 self._again(th, bool(call) and call[0] == "running", weight)
-                return
+                return None
             th.asleep = None
         except (OSError, ValueError):  # gone meanwhile
             self._forget(th.tid)
-            return
+            return None
         try:
+            finish = None
             if call and call[0] != "running":
-                self._sample(th, call, weight)
+                finish = self._sample(th, call, weight)
             elif call:
-                self._woken(th, weight)
+                finish = self._woken(th, weight)
             self._looked[th.tid] += weight
+            return finish
         except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
             self._failed += 1
+            return None
 
     def _tids(self, now: int, period: int) -> list[int]:
         """The target's threads: listed again at the first look, when their number
@@ -417,9 +435,10 @@ class OffSampleCollector(BpfCollector):
                 raise OSError(-th.link, "bcc_iter_attach")
         return th.link
 
-    def _sample(self, th: _Thread, call: list[str], weight: int) -> None:
+    def _sample(self, th: _Thread, call: list[str], weight: int) -> Callable[[], None]:
         """One sample of a thread asleep: `call` is its /proc syscall line ("nr args... sp pc",
-        "-1 sp pc" asleep outside a system call)."""
+        "-1 sp pc" asleep outside a system call); its stack read now, walked and counted by
+        what it returns."""
         nr, sp, pc = int(call[0]), int(call[-2], 16), int(call[-1], 16)
         args = [int(a, 16) for a in call[1:-2]]
         regs = self._regs(th)
@@ -427,38 +446,49 @@ class OffSampleCollector(BpfCollector):
         kernel: tuple[int, ...] = ()
         if regs is not None and (regs.sp, regs.ip) == (sp, pc):  # the same entry: the sleep's registers
             bp, kernel = regs.bp, regs.kernel
-        ips, why, ran = self._user_stack(th, pc, sp, bp)
-        key = (th.tid, ips, why, kernel)
-        futex: FutexKey | None = None
-        if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
-            futex = (th.tid, args[0], ips, why)
-        self._count(th, key, futex, weight)
-        if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
-            th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
-        if not ran:
-            th.asleep = (th.runs, key, futex)
+        stack, ran = self._user_stack(th, sp)
 
-    def _woken(self, th: _Thread, weight: int) -> None:
+        def finish() -> None:
+            ips, why = self._walked(pc, sp, bp, stack, ran)
+            key = (th.tid, ips, why, kernel)
+            futex: FutexKey | None = None
+            if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
+                futex = (th.tid, args[0], ips, why)
+            self._count(th, key, futex, weight)
+            if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
+                th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+            if not ran:
+                th.asleep = (th.runs, key, futex)
+
+        return finish
+
+    def _woken(self, th: _Thread, weight: int) -> Callable[[], None] | None:
         """A thread /proc says is running: on a CPU, or runnable. Runnable inside a
         futex wait it slept in (woken, its kernel stack still in the futex wait, not
         yet back on a CPU) is a sample of that wait: the wait lasts until it runs
         again. Its time is the thread's [runnable] time, so the sample counts for the
-        futex wait only, not for its off-CPU stacks."""
+        futex wait only, not for its off-CPU stacks. Its stack is read now, walked and
+        counted by what it returns."""
         regs = self._regs(th)
         if regs is None or not regs.kernel:  # on a CPU
-            return
+            return None
         if regs.orig_ax != SYS_FUTEX or (regs.si & FUTEX_CMD_MASK) not in FUTEX_WAIT_OPS:
             self._count(th, None, None, weight)  # preempted
-            return
+            return None
         if not self._in_futex_sleep(regs.kernel):  # preempted on its way in or out of the call
             self._count(th, None, None, weight)
-            return
-        ips, why, ran = self._user_stack(th, regs.ip, regs.sp, regs.bp)
-        futex = (th.tid, regs.di, ips, why)
-        self._count(th, None, futex, weight)
-        th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
-        if not ran:
-            th.asleep = (th.runs, None, futex)
+            return None
+        stack, ran = self._user_stack(th, regs.sp)
+
+        def finish() -> None:
+            ips, why = self._walked(regs.ip, regs.sp, regs.bp, stack, ran)
+            futex = (th.tid, regs.di, ips, why)
+            self._count(th, None, futex, weight)
+            th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+            if not ran:
+                th.asleep = (th.runs, None, futex)
+
+        return finish
 
     def _in_futex_sleep(self, kernel: tuple[int, ...]) -> bool:
         """Whether a kernel stack is in a function a futex waiter sleeps in: by the
@@ -486,18 +516,21 @@ class OffSampleCollector(BpfCollector):
         sp, ip, bp, orig_ax, di, si, kbytes, *kstack = RECORD.unpack(data)
         return _Regs(sp, ip, bp, orig_ax, di, si, tuple(kstack[: max(0, kbytes) // 8]))
 
-    def _user_stack(self, th: _Thread, pc: int, sp: int, bp: int) -> tuple[tuple[int, ...], str, bool]:
-        """(ips, why the walk stopped, whether the thread ran since the look) from the
-        registers of a thread off the CPU."""
+    def _user_stack(self, th: _Thread, sp: int) -> tuple[bytes, bool]:
+        """The first bytes of the stack of a thread off the CPU, from its saved sp, and
+        whether it ran since the look (they may then not be the sleep's)."""
         stack = self._stack(sp)
         try:
             ran = _schedstat(th.schedstat, 0)[1] != th.runs
         except (OSError, ValueError):
             ran = True
+        return stack, ran
+
+    def _walked(self, pc: int, sp: int, bp: int, stack: bytes, ran: bool) -> tuple[tuple[int, ...], str]:
+        """(ips, why the walk stopped) from the registers and stack bytes of a look."""
         if ran:  # it woke and ran since the sample: its stack may have changed under the read
-            return (pc,), "stack not readable", True
-        ips, why = self._walk(pc, sp, bp, stack)
-        return ips, why, False
+            return (pc,), "stack not readable"
+        return self._walk(pc, sp, bp, stack)
 
     def _again(self, th: _Thread, running: bool, weight: int) -> None:
         """A thread not switched in since its last sample: that sample again, as a wait
