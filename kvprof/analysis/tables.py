@@ -45,7 +45,7 @@ Z90 = 1.645  # a normal's two-sided 90 % quantile: sampled figures are shown ± 
 # wait (a look takes a CPU: docs/record.md, "Lock waits"): bench/lockwait_accuracy.py measures it
 # against an exact tracer where the sampling error is small; it is one error for the figure,
 # not independent per row
-LOOK_BIAS = 0.07
+LOOK_BIAS = 0.15
 
 
 def seconds(p: Profile) -> float:
