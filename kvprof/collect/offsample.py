@@ -201,6 +201,7 @@ class OffSampleCollector(BpfCollector):
         self._mem = -1
         self._fn_fd = -1
         self._sleeps: list[tuple[int, int]] = []  # FUTEX_SLEEPS' address ranges in the kernel
+        self._hot_period = 0  # ns between the looks at a thread seen in a lock wait lately
 
     def program(self) -> Program:
         if not self.opts.offcpu_hz:
@@ -297,6 +298,7 @@ class OffSampleCollector(BpfCollector):
         hot_hz = max(OFFCPU_LOCK_HZ, self.opts.offcpu_hz)
         every = max(1, round(hot_hz / self.opts.offcpu_hz))
         period = 1e9 / hot_hz
+        self._hot_period = int(period)
         last = time.monotonic_ns()
         tick = 0
         while not self._stop.is_set():
@@ -317,8 +319,10 @@ class OffSampleCollector(BpfCollector):
     def _look(self, now: int, period: int) -> None:
         """Look at the next threads in turn, all of them when they are no more than
         OFFCPU_LOOKS / offcpu_hz; a sleeping thread's sample counts the ns since its
-        last look, up to two of its turns (a pause is not a sample's time). `period` 0:
-        every thread's start, no sample."""
+        last look, up to its interval (a pause is not a sample's time). `period` 0:
+        every thread's start, no sample. A look stands for no more than its thread's
+        interval: one that comes late (kvprof waited for a CPU, which frees when the
+        target's threads go to sleep) must not weigh more for it."""
         tids = self._tids(now, period)
         self._looks += bool(period)
         per_look = max(1, OFFCPU_LOOKS // self.opts.offcpu_hz)
@@ -331,14 +335,15 @@ class OffSampleCollector(BpfCollector):
         for tid in tids:
             th = self._threads.get(tid) or self._new(tid, now)
             if th is not None:
-                later.append(self._look_at(th, now, min(now - th.looked, 2 * turn) if period else 0))
+                interval = self._hot_period if th.hot > now else turn
+                later.append(self._look_at(th, now, min(now - th.looked, interval) if period else 0))
         self._walk_later(later)
 
     def _look_hot(self, now: int, most: int) -> None:
         """Look at the threads seen in a futex wait lately (`most` of them at most)."""
         hot = [th for th in self._threads.values() if th.hot > now][:most]
         self._looks += bool(hot)
-        self._walk_later([self._look_at(th, now, now - th.looked) for th in hot])
+        self._walk_later([self._look_at(th, now, min(now - th.looked, self._hot_period)) for th in hot])
 
     def _walk_later(self, later: list[Callable[[], None] | None]) -> None:
         """What a look left for after every thread's state was read: the stack walks and
