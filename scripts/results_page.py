@@ -50,7 +50,8 @@ SECTIONS = (
         "Lock waits against an exact tracer",
         "kvprof's LOCKS total over bpftrace's exact figure for the same threads and window (a switch-out "
         "asleep in a lock's futex wait until back on a CPU), with every wait timed (`--offcpu-hz 0`) and "
-        "sampled (the default), and the ±90 % interval the report states for a sampled figure.",
+        "sampled (the default), the ±90 % interval the report states for a sampled figure, and how "
+        "often that interval held bpftrace's figure.",
         "sudo .venv/bin/python bench/lockwait_accuracy.py --runs=5",
     ),
     (

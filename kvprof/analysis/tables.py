@@ -41,6 +41,11 @@ THREAD_ROWS = 40
 THREADS_NAMED = 8
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)  # the request table's p50, p90, p99, p99.9
 Z90 = 1.645  # a normal's two-sided 90 % quantile: sampled figures are shown ± this many standard errors
+# The standard deviation, relative, of what the off-CPU looks' own timing adds to a sampled lock
+# wait (a look takes a CPU: docs/record.md, "Lock waits"): bench/lockwait_accuracy.py measures it
+# against an exact tracer where the sampling error is small; it is one error for the figure,
+# not independent per row
+LOOK_BIAS = 0.15
 
 
 def seconds(p: Profile) -> float:
@@ -171,16 +176,19 @@ def futex_groups(p: Profile) -> dict[int, list[FutexWait]]:
 
 def sampling_error_ns(waits: Iterable[FutexWait]) -> int | None:
     """The half-width of the 90 % interval of these waits' summed ns when they were
-    sampled (None: every wait was timed). Each (thread, word, stack)'s ns are its
-    looks' weights: n looks that found the wait stand for ns, and n is counted as a
-    Poisson count (relative error 1/sqrt(n)), independent across rows."""
+    sampled (None: every wait was timed). Each (thread, word, stack)'s ns come with
+    their standard deviation (FutexWait.sd_ns), or else from the n looks that found the
+    wait, counted as a Poisson count (relative error 1/sqrt(n)); rows are independent.
+    Rows with a standard deviation add the looks' own bias, LOOK_BIAS of their sum."""
     var = 0.0
     sampled = False
+    biased = 0
     for fw in waits:
         if fw.samples > 0:
             sampled = True
-            var += fw.ns * fw.ns / fw.samples
-    return round(Z90 * math.sqrt(var)) if sampled else None
+            var += fw.sd_ns * fw.sd_ns if fw.sd_ns else fw.ns * fw.ns / fw.samples
+            biased += fw.ns if fw.sd_ns else 0
+    return round(Z90 * math.sqrt(var + (LOOK_BIAS * biased) ** 2)) if sampled else None
 
 
 def futex_label(waits: list[FutexWait]) -> str:

@@ -124,6 +124,11 @@ MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
 # Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
 # 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
 OFFCPU_HZ = 5
+# ... and this many a second at a thread seen in a futex wait within the last OFFCPU_HOT_S:
+# a lock wait is often a few per cent of a thread's time, and a sampled figure's error
+# shrinks as the square root of the looks that found it (docs/record.md, "Lock waits")
+OFFCPU_LOCK_HZ = 100
+OFFCPU_HOT_S = 1.0
 # ... and at most this many threads a second in all: a target with more threads than
 # OFFCPU_LOOKS / OFFCPU_HZ has each of them looked at less often, in turn
 OFFCPU_LOOKS = 1000

@@ -46,6 +46,7 @@ without frame pointers still reaches the caller of `pthread_mutex_lock`.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -203,8 +204,8 @@ def as_lists(
     data: DataNames,
 ) -> tuple[list[OffCpuStack], list[FutexWait]]:
     """The profile's off-CPU stacks, from (tid, frames) -> ns, and futex waits, from
-    (tid, word, frames) -> (waits, ns[, samples]: the looks that saw them, when
-    sampled), each most ns first."""
+    (tid, word, frames) -> (waits, ns[, samples: the looks that saw them, when
+    sampled[, the variance of ns from that sampling]]), each most ns first."""
     return [
         OffCpuStack(tid=tid, frames=list(frames), ns=ns)
         for (tid, frames), ns in sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -217,6 +218,7 @@ def as_lists(
             ns=counts[1],
             name=data.name(uaddr),
             samples=counts[2] if len(counts) > 2 else 0,
+            sd_ns=round(math.sqrt(counts[3])) if len(counts) > 3 else 0,
         )
         for (tid, uaddr, frames), counts in sorted(futex.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]

@@ -19,8 +19,9 @@ a second, a thread of kvprof's looks at each thread of the target:
 
 A look's CPU is CPU the target could have had (on a busy machine even at
 SCHED_IDLE), so a look reads no more than it must: a thread whose schedstat
-says it has not been switched in since its last sample is in the same sleep,
-and that sample counts again with nothing else read; the threads are listed
+says it has not been switched in since its last sample is in the same sleep
+(or woken from it, when /proc says it is running), and that sample counts
+again with only /proc's syscall line read; the threads are listed
 again only when /proc/PID/task's link count (their number) changes, or once a
 second; the stack is read a page at a time, as far as the walk goes.
 
@@ -40,11 +41,21 @@ first argument the word, its second the operation) samples a wait on that
 word; so does a thread /proc says is running whose iterator shows it off the
 CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
 its kernel stack still in the futex wait and its saved registers in the call:
-woken, waiting for a CPU, which the wait lasts until. A thread's futex
-samples are scaled by its exact off-CPU time over the time of its looks that
-found it off the CPU (asleep or runnable), and `samples` keeps how many looks
-stand behind each, for the report's sampling error. `waits` counts the waits
-seen: consecutive samples of one thread on one word with no run in between
+woken, waiting for a CPU, which the wait lasts until (the kernel functions
+it sleeps in are told by their address ranges in /proc/kallsyms). A futex row
+stands for its share of the thread's looks (their ns) times the thread's
+time, in two strata: its looks asleep in the wait, and woken from it; each
+stratum's rows of one thread are capped at that stratum's exact total
+(schedstat: the thread's sleep, and its wait for a CPU), since a look takes a
+CPU and may find the target's threads asleep or runnable more often than they
+are. `samples` keeps how many looks stand behind each row and `sd_ns` its
+binomial standard deviation, for the report's sampling error. A thread seen
+in a lock's futex wait (asleep with the value 2, glibc's "locked, with
+waiters", or woken from a futex wait) is looked at OFFCPU_LOCK_HZ for
+OFFCPU_HOT_S after, the others at offcpu_hz: a lock wait is often a few per
+cent of a thread's time, and its error shrinks as the square root of the
+looks that find it; a thread asleep in a condition variable stays at
+offcpu_hz. `waits` counts the waits seen: consecutive samples of one thread on one word with no run in between
 are one wait. That is a lower bound: a wait shorter than a look's interval is
 seen with a probability of its length over the interval. Exact counts take
 --offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a cost at every
@@ -64,9 +75,17 @@ import struct
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvprof.collect import LOOK_NICE, OFFCPU_LOOKS, CollectError, CollectOptions
+from kvprof.collect import (
+    LOOK_NICE,
+    OFFCPU_HOT_S,
+    OFFCPU_LOCK_HZ,
+    OFFCPU_LOOKS,
+    CollectError,
+    CollectOptions,
+)
 from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, source
 from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
@@ -86,11 +105,19 @@ SYS_FUTEX = 202  # x86-64
 # LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
 FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+LOCKED_WAITERS = 2  # the futex value a glibc lock waits on: locked, with waiters
 # The kernel functions a futex waiter sleeps in: a runnable thread with one of them on its
 # kernel stack was woken from its wait and waits for a CPU (one preempted on its way in
 # or out of the call has none of them).
 FUTEX_SLEEPS = frozenset(
-    {"futex_wait_queue", "futex_wait_queue_me", "futex_wait_requeue_pi", "futex_lock_pi", "__futex_wait"}
+    {
+        "futex_do_wait",  # newer kernels' name of futex_wait_queue
+        "futex_wait_queue",
+        "futex_wait_queue_me",
+        "futex_wait_requeue_pi",
+        "futex_lock_pi",
+        "__futex_wait",
+    }
 )
 
 # (tid, user ips, why the walk stopped, kernel ips)
@@ -109,6 +136,7 @@ class _Thread:
     looked: int = 0  # monotonic ns of its last look
     runs: int = 0  # times it was switched in, at the last look
     wait: tuple[int, int] = (0, -1)  # (word, runs) of the last futex wait seen
+    hot: int = 0  # monotonic ns until which it is looked at OFFCPU_LOCK_HZ (seen in a futex wait)
     # its last sample while it has not run since: (runs, stack key or None, futex key or None)
     asleep: tuple[int, StackKey | None, FutexKey | None] | None = None
 
@@ -158,9 +186,9 @@ class OffSampleCollector(BpfCollector):
         self._threads: dict[int, _Thread] = {}
         self._gone: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}  # tid -> (first, last)
         self._stacks: dict[StackKey, int] = defaultdict(int)  # -> sampled ns
-        self._futex: dict[FutexKey, list[int]] = {}  # -> [waits, ns, samples]
-        # tid -> the sampled ns of the looks that found it off the CPU (asleep or runnable)
-        self._off_cpu: dict[int, int] = defaultdict(int)
+        # -> [waits, ns and looks asleep in the wait, ns and looks woken from it (runnable)]
+        self._futex: dict[FutexKey, list[int]] = {}
+        self._looked: dict[int, int] = defaultdict(int)  # tid -> sampled ns of all its looks
         self._looks = self._samples = self._failed = 0
         self._next_after = 0  # the last tid looked at, when a look takes a slice of the threads
         self._listed = (0, 0)  # (monotonic ns, links of /proc/PID/task) at the last listing of its threads
@@ -172,6 +200,8 @@ class OffSampleCollector(BpfCollector):
         self._thread: threading.Thread | None = None
         self._mem = -1
         self._fn_fd = -1
+        self._sleeps: list[tuple[int, int]] = []  # FUTEX_SLEEPS' address ranges in the kernel
+        self._hot_period = 0  # ns between the looks at a thread seen in a lock wait lately
 
     def program(self) -> Program:
         if not self.opts.offcpu_hz:
@@ -201,6 +231,7 @@ class OffSampleCollector(BpfCollector):
         except OSError as e:
             raise CollectError(f"offcpu: cannot read the target's maps or memory ({e.strerror})") from None
         self._fn_fd = module.bpf.load_func(b"bpf_iter__task", BPF.TRACING).fd
+        self._sleeps = _kernel_ranges(FUTEX_SLEEPS)
         self._look(time.monotonic_ns(), 0)  # every thread's start
         try:
             self._link_all()
@@ -262,8 +293,14 @@ class OffSampleCollector(BpfCollector):
     # ---- the looks, in kvprof's sampling thread ------------------------------------
 
     def _run(self) -> None:
-        period = 1e9 / self.opts.offcpu_hz
+        """Every thread at offcpu_hz (its turn), and the threads seen in a futex wait within
+        OFFCPU_HOT_S at OFFCPU_LOCK_HZ: the ticks between the turns look at those only."""
+        hot_hz = max(OFFCPU_LOCK_HZ, self.opts.offcpu_hz)
+        every = max(1, round(hot_hz / self.opts.offcpu_hz))
+        period = 1e9 / hot_hz
+        self._hot_period = int(period)
         last = time.monotonic_ns()
+        tick = 0
         while not self._stop.is_set():
             self._stop.wait(max(0.0, (last + period - time.monotonic_ns()) / 1e9))
             self._sampling.wait()
@@ -272,15 +309,20 @@ class OffSampleCollector(BpfCollector):
             _keep_timing()
             now = time.monotonic_ns()
             with self._lock:
-                self._look(now, int(period))
+                if tick % every == 0:
+                    self._look(now, int(period * every))
+                else:
+                    self._look_hot(now, max(1, OFFCPU_LOOKS // hot_hz))
+            tick += 1
             last = now
 
     def _look(self, now: int, period: int) -> None:
         """Look at the next threads in turn, all of them when they are no more than
         OFFCPU_LOOKS / offcpu_hz; a sleeping thread's sample counts the ns since its
-        last look, up to two of its turns (a pause is not a sample's time). `period` 0:
-        every thread's start, no sample. A thread not switched in since its last sample
-        counts that sample again, nothing else read (the module's docstring says why)."""
+        last look, up to its interval (a pause is not a sample's time). `period` 0:
+        every thread's start, no sample. A look stands for no more than its thread's
+        interval: one that comes late (kvprof waited for a CPU, which frees when the
+        target's threads go to sleep) must not weigh more for it."""
         tids = self._tids(now, period)
         self._looks += bool(period)
         per_look = max(1, OFFCPU_LOOKS // self.opts.offcpu_hz)
@@ -289,31 +331,61 @@ class OffSampleCollector(BpfCollector):
             tids = (tids[start:] + tids[:start])[:per_look]
             self._next_after = tids[-1]
         turn = period * max(1, -(-len(self._threads) // per_look))
+        later = []
         for tid in tids:
             th = self._threads.get(tid) or self._new(tid, now)
-            if th is None:
-                continue
-            weight, th.looked = min(now - th.looked, 2 * turn), now
+            if th is not None:
+                interval = self._hot_period if th.hot > now else turn
+                later.append(self._look_at(th, now, min(now - th.looked, interval) if period else 0))
+        self._walk_later(later)
+
+    def _look_hot(self, now: int, most: int) -> None:
+        """Look at the threads seen in a futex wait lately (`most` of them at most)."""
+        hot = [th for th in self._threads.values() if th.hot > now][:most]
+        self._looks += bool(hot)
+        self._walk_later([self._look_at(th, now, min(now - th.looked, self._hot_period)) for th in hot])
+
+    def _walk_later(self, later: list[Callable[[], None] | None]) -> None:
+        """What a look left for after every thread's state was read: the stack walks and
+        what they name. A walk takes longer than the reads, and while kvprof looks it
+        holds a CPU the target's threads wait for: a state read after it is not the
+        state the target is in without kvprof."""
+        for finish in later:
             try:
-                th.last, th.runs = _schedstat(th.schedstat, now)
-                if not (period and weight):
-                    continue
-                if th.asleep is not None and th.asleep[0] == th.runs:
-                    self._count(th, th.asleep[1], th.asleep[2], weight)
-                    self._reused += 1
-                    continue
-                th.asleep = None
-                call = _pread_text(th.syscall).split()
-            except (OSError, ValueError):  # gone meanwhile
-                self._forget(tid)
-                continue
-            try:
-                if call and call[0] != "running":
-                    self._sample(th, call, weight)
-                elif call:
-                    self._woken(th, weight)
-            except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
+                if finish is not None:
+                    finish()
+            except (OSError, ValueError, IndexError):  # gone meanwhile: no sample
                 self._failed += 1
+
+    def _look_at(self, th: _Thread, now: int, weight: int) -> Callable[[], None] | None:
+        """One look at a thread: a sample that stands for `weight` ns (0: none, only its
+        schedstat read). A thread not switched in since its last sample counts that
+        sample again, only /proc's syscall line read (the module's docstring says why).
+        What it returns walks the stack read and counts the sample (_walk_later)."""
+        th.looked = now
+        try:
+            th.last, th.runs = _schedstat(th.schedstat, now)
+            if not weight:
+                return None
+            call = _pread_text(th.syscall).split()
+            if th.asleep is not None and th.asleep[0] == th.runs:
+                self._again(th, bool(call) and call[0] == "running", weight)
+                return None
+            th.asleep = None
+        except (OSError, ValueError):  # gone meanwhile
+            self._forget(th.tid)
+            return None
+        try:
+            finish = None
+            if call and call[0] != "running":
+                finish = self._sample(th, call, weight)
+            elif call:
+                finish = self._woken(th, weight)
+            self._looked[th.tid] += weight
+            return finish
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
+            self._failed += 1
+            return None
 
     def _tids(self, now: int, period: int) -> list[int]:
         """The target's threads: listed again at the first look, when their number
@@ -368,9 +440,10 @@ class OffSampleCollector(BpfCollector):
                 raise OSError(-th.link, "bcc_iter_attach")
         return th.link
 
-    def _sample(self, th: _Thread, call: list[str], weight: int) -> None:
+    def _sample(self, th: _Thread, call: list[str], weight: int) -> Callable[[], None]:
         """One sample of a thread asleep: `call` is its /proc syscall line ("nr args... sp pc",
-        "-1 sp pc" asleep outside a system call)."""
+        "-1 sp pc" asleep outside a system call); its stack read now, walked and counted by
+        what it returns."""
         nr, sp, pc = int(call[0]), int(call[-2], 16), int(call[-1], 16)
         args = [int(a, 16) for a in call[1:-2]]
         regs = self._regs(th)
@@ -378,36 +451,58 @@ class OffSampleCollector(BpfCollector):
         kernel: tuple[int, ...] = ()
         if regs is not None and (regs.sp, regs.ip) == (sp, pc):  # the same entry: the sleep's registers
             bp, kernel = regs.bp, regs.kernel
-        ips, why, ran = self._user_stack(th, pc, sp, bp)
-        key = (th.tid, ips, why, kernel)
-        futex: FutexKey | None = None
-        if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
-            futex = (th.tid, args[0], ips, why)
-        self._count(th, key, futex, weight)
-        if not ran:
-            th.asleep = (th.runs, key, futex)
+        stack, ran = self._user_stack(th, sp)
 
-    def _woken(self, th: _Thread, weight: int) -> None:
+        def finish() -> None:
+            ips, why = self._walked(pc, sp, bp, stack, ran)
+            key = (th.tid, ips, why, kernel)
+            futex: FutexKey | None = None
+            if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
+                futex = (th.tid, args[0], ips, why)
+            self._count(th, key, futex, weight)
+            if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
+                th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+            if not ran:
+                th.asleep = (th.runs, key, futex)
+
+        return finish
+
+    def _woken(self, th: _Thread, weight: int) -> Callable[[], None] | None:
         """A thread /proc says is running: on a CPU, or runnable. Runnable inside a
         futex wait it slept in (woken, its kernel stack still in the futex wait, not
         yet back on a CPU) is a sample of that wait: the wait lasts until it runs
         again. Its time is the thread's [runnable] time, so the sample counts for the
-        futex wait only, not for its off-CPU stacks."""
+        futex wait only, not for its off-CPU stacks. Its stack is read now, walked and
+        counted by what it returns."""
         regs = self._regs(th)
         if regs is None or not regs.kernel:  # on a CPU
-            return
+            return None
         if regs.orig_ax != SYS_FUTEX or (regs.si & FUTEX_CMD_MASK) not in FUTEX_WAIT_OPS:
-            self._off_cpu[th.tid] += weight  # preempted
-            return
-        frames = self.symbols.kernel_stack(list(regs.kernel))
-        if not any(f.removesuffix("_[k]").split(".")[0] in FUTEX_SLEEPS for f in frames):
-            self._off_cpu[th.tid] += weight  # preempted on its way in or out of the call, never asleep in it
-            return
-        ips, why, ran = self._user_stack(th, regs.ip, regs.sp, regs.bp)
-        futex = (th.tid, regs.di, ips, why)
-        self._count(th, None, futex, weight)
-        if not ran:
-            th.asleep = (th.runs, None, futex)
+            self._count(th, None, None, weight)  # preempted
+            return None
+        if not self._in_futex_sleep(regs.kernel):  # preempted on its way in or out of the call
+            self._count(th, None, None, weight)
+            return None
+        stack, ran = self._user_stack(th, regs.sp)
+
+        def finish() -> None:
+            ips, why = self._walked(regs.ip, regs.sp, regs.bp, stack, ran)
+            futex = (th.tid, regs.di, ips, why)
+            self._count(th, None, futex, weight)
+            th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+            if not ran:
+                th.asleep = (th.runs, None, futex)
+
+        return finish
+
+    def _in_futex_sleep(self, kernel: tuple[int, ...]) -> bool:
+        """Whether a kernel stack is in a function a futex waiter sleeps in: by the
+        functions' address ranges when /proc/kallsyms gave them (read here, since a
+        symbol table read while other programs load can come back short), else by name."""
+        if self._sleeps:
+            return any(lo <= a < hi for a in kernel for lo, hi in self._sleeps)
+        frames = self.symbols.kernel_stack(list(kernel))
+        return any(f.removesuffix("_[k]").split(".")[0] in FUTEX_SLEEPS for f in frames)
 
     def _regs(self, th: _Thread) -> _Regs | None:
         """The user registers saved at the thread's last entry to the kernel and its
@@ -426,32 +521,48 @@ class OffSampleCollector(BpfCollector):
         sp, ip, bp, orig_ax, di, si, kbytes, *kstack = RECORD.unpack(data)
         return _Regs(sp, ip, bp, orig_ax, di, si, tuple(kstack[: max(0, kbytes) // 8]))
 
-    def _user_stack(self, th: _Thread, pc: int, sp: int, bp: int) -> tuple[tuple[int, ...], str, bool]:
-        """(ips, why the walk stopped, whether the thread ran since the look) from the
-        registers of a thread off the CPU."""
+    def _user_stack(self, th: _Thread, sp: int) -> tuple[bytes, bool]:
+        """The first bytes of the stack of a thread off the CPU, from its saved sp, and
+        whether it ran since the look (they may then not be the sleep's)."""
         stack = self._stack(sp)
         try:
             ran = _schedstat(th.schedstat, 0)[1] != th.runs
         except (OSError, ValueError):
             ran = True
+        return stack, ran
+
+    def _walked(self, pc: int, sp: int, bp: int, stack: bytes, ran: bool) -> tuple[tuple[int, ...], str]:
+        """(ips, why the walk stopped) from the registers and stack bytes of a look."""
         if ran:  # it woke and ran since the sample: its stack may have changed under the read
-            return (pc,), "stack not readable", True
-        ips, why = self._walk(pc, sp, bp, stack)
-        return ips, why, False
+            return (pc,), "stack not readable"
+        return self._walk(pc, sp, bp, stack)
+
+    def _again(self, th: _Thread, running: bool, weight: int) -> None:
+        """A thread not switched in since its last sample: that sample again, as a wait
+        for a CPU when /proc now says it is running (woken from that sleep since)."""
+        assert th.asleep is not None
+        runs, key, futex = th.asleep
+        if running and key is not None:
+            th.asleep = (runs, None, futex)
+            key = None
+        self._count(th, key, futex, weight)
+        self._looked[th.tid] += weight
+        self._reused += 1
 
     def _count(self, th: _Thread, key: StackKey | None, futex: FutexKey | None, weight: int) -> None:
-        """One sample of `th` with this stack (None: a wait for a CPU, counted with the
-        thread's [runnable] time) and futex wait: (tid, word, ips, why)."""
+        """One sample of `th` off the CPU: asleep with this stack, or (key None) runnable,
+        waiting for a CPU (counted with the thread's [runnable] time); in futex wait
+        (tid, word, ips, why) or not (None)."""
         self._samples += 1
-        self._off_cpu[th.tid] += weight
         if key is not None:
             self._stacks[key] += weight
         if futex is not None:
             word = futex[1]
-            entry = self._futex.setdefault(futex, [0, 0, 0])
+            entry = self._futex.setdefault(futex, [0, 0, 0, 0, 0])
             entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
-            entry[1] += weight
-            entry[2] += 1
+            i = 1 if key is not None else 3
+            entry[i] += weight
+            entry[i + 1] += 1
             th.wait = (word, th.runs)
 
     def _stack(self, sp: int) -> bytes:
@@ -503,7 +614,7 @@ class OffSampleCollector(BpfCollector):
                     pass
             stacks = dict(self._stacks)
             futex = {k: list(v) for k, v in self._futex.items()}
-            off_cpu = dict(self._off_cpu)
+            looked = dict(self._looked)
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
             looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
         offcpu_ns: dict[int, int] = {}
@@ -524,14 +635,23 @@ class OffSampleCollector(BpfCollector):
         for tid in set(asleep) - {tid for tid, _ in sampled}:
             if asleep[tid]:
                 scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
+        # per thread, its futex looks' ns asleep and woken: each share of the thread's looks
+        # (its time) is capped at the exact total of its stratum
+        found: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for (tid, *_), (_, a_ns, _, w_ns, _) in futex.items():
+            found[tid][0] += a_ns
+            found[tid][1] += w_ns
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for (tid, word, ips, why), (n, ns, looks) in futex.items():
-            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0])
+        for (tid, word, ips, why), (n, a_ns, a_k, w_ns, w_k) in futex.items():
+            span = spans[tid][1][0] - spans[tid][0][0] if tid in spans else 0
+            scale = span / looked[tid] if span and looked.get(tid) else 1.0
+            a = stratum_share(a_ns, a_k, found[tid][0], looked.get(tid, 0), scale, asleep.get(tid))
+            r = stratum_share(w_ns, w_k, found[tid][1], looked.get(tid, 0), scale, runnable_ns.get(tid))
+            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0, 0])
             w[0] += n
-            w[1] += (
-                round(ns * offcpu_ns[tid] / off_cpu[tid]) if offcpu_ns.get(tid) and off_cpu.get(tid) else ns
-            )
-            w[2] += looks
+            w[1] += round(a[0] + r[0])
+            w[2] += a_k + w_k
+            w[3] += round(a[1] + r[1])
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
         return _Snapshot(
@@ -560,6 +680,50 @@ class OffSampleCollector(BpfCollector):
         counters["offcpu.samples_reused"] = snap.reused
         counters["offcpu.futex_waits"] = sum(f.waits for f in snap.futex)
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
+
+
+def _kernel_ranges(names: frozenset[str]) -> list[tuple[int, int]]:
+    """[start, next function's start) of these kernel functions (with their .isra/.part
+    clones), from /proc/kallsyms; [] when it hides the addresses (kptr_restrict)."""
+    starts: list[int] = []
+    wanted: list[int] = []
+    try:
+        with open("/proc/kallsyms") as f:
+            for line in f:
+                addr, kind, name = line.split()[:3]
+                if kind in "tT":
+                    a = int(addr, 16)
+                    starts.append(a)
+                    if name.split(".")[0] in names:
+                        wanted.append(a)
+    except (OSError, ValueError):
+        return []
+    starts.sort()
+    out = []
+    for a in wanted:
+        i = bisect.bisect_right(starts, a)
+        if a and i < len(starts):
+            out.append((a, starts[i]))
+    return out
+
+
+def stratum_share(
+    ns: int, looks: int, found: int, looked: int, scale: float, total: int | None
+) -> tuple[float, float]:
+    """(estimated ns, its sampling variance in ns²) of one futex row in one stratum of its
+    thread (asleep, or woken and waiting for a CPU): `ns` of the `looked` ns of the
+    thread's looks found it there, `looks` of them, so it stands for that share of the
+    thread's time (`scale`: its time over its looks' ns); all its rows of that stratum
+    (`found` ns) are capped at the stratum's exact total (`total`, schedstat). A share p
+    of n looks has the binomial variance p (1 - p) / n, here p (1 - p) / (looks / p)."""
+    if not looks or not looked:
+        return 0.0, 0.0
+    est = ns * scale
+    cap = 1.0
+    if total is not None and found * scale > total:
+        cap = total / (found * scale)  # the looks found the stratum more often than it lasted
+    p = ns / looked
+    return est * cap, (est * cap) ** 2 * max(1.0 - p, 1.0 / looks) / looks
 
 
 def _keep_timing() -> None:

@@ -11,6 +11,7 @@ sums.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 
 from kvprof.model.histogram import hist_minus, hist_percentile
@@ -79,7 +80,9 @@ def _offcpu(new: OffCpu, old: OffCpu) -> OffCpu:
         waits, wait_ns = f.waits - (o.waits if o else 0), f.ns - (o.ns if o else 0)
         if waits > 0 or wait_ns > 0:
             samples = max(0, f.samples - (o.samples if o else 0))
-            futex.append(replace(f, waits=waits, ns=wait_ns, samples=samples))
+            # the sampling variance of a difference of running estimates: what came since
+            sd = round(math.sqrt(max(0, f.sd_ns**2 - (o.sd_ns**2 if o else 0))))
+            futex.append(replace(f, waits=waits, ns=wait_ns, samples=samples, sd_ns=sd))
     return OffCpu(stacks=stacks, futex=futex)
 
 

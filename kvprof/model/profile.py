@@ -130,6 +130,9 @@ class FutexWait:
     # the looks that saw these waits when sampled (`ns` is then an estimate from that many
     # samples); 0: every wait timed (--offcpu-hz 0)
     samples: int = 0
+    # the standard deviation of `ns` from that sampling, when the collector knows it
+    # (kvprof.collect.offsample); 0: ns / sqrt(samples), the looks as a Poisson count
+    sd_ns: int = 0
 
 
 @dataclass
