@@ -17,7 +17,7 @@ from support import exposition, kvload, kvprof, record
 
 from kvprof.analysis import find
 from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, predict
-from kvprof.bench import BenchError
+from kvprof.bench import BenchError, scenarios
 from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.runner import Bench
 from kvprof.bench.variants import SITES
@@ -220,18 +220,38 @@ def test_exporter_serves_a_gauge_per_finding() -> None:
 
 
 def test_whatif_plan_runs_each_site_alone_then_all() -> None:
-    """baseline first (the reference), each site's fix alone, fixed last, under the demo's load."""
-    (group,) = bench_whatif.plan().groups
-    names = [v.name for v in group.variants]
-    assert names[0] == "baseline t=2" and names[-1] == "fixed t=2"
-    assert [bench_whatif.fix_of(v) for v in group.variants[1:-1]] == list(SITES)
-    assert {v.client for v in group.variants} == {bench_whatif.DEMO_CLIENT}
+    """baseline first (the reference), each site's fix alone, fixed last, under the demo's
+    load, then under the study's on servers of its own; or under one load when asked."""
+    demo, study = bench_whatif.plan().groups
+    for group, load in ((demo, "demo"), (study, "study")):
+        names = [v.name for v in group.variants]
+        assert names[0] == f"baseline t=2 {load}" and names[-1] == f"fixed t=2 {load}"
+        assert [bench_whatif.fix_of(v) for v in group.variants[1:-1]] == list(SITES)
+        assert {v.server.load for v in group.variants} == {load}
+    assert {v.client for v in demo.variants} == {bench_whatif.DEMO_CLIENT}
+    assert {v.client for v in study.variants} == {scenarios.study_client(2)}
+    assert {v.client.batch for v in study.variants} == {100} and study.variants[0].client.set_pct == 0
+    assert not {v.server for v in demo.variants} & {v.server for v in study.variants}
+    (only,) = bench_whatif.plan(loads=("study",)).groups
+    assert only == study
+
+
+def test_whatif_load_option_is_whatifs_own() -> None:
+    """`--load` goes with --scenario whatif only, and whatif takes no client settings: one
+    line each, no traceback."""
+    for args, said in (
+        (("--load", "demo"), "--load goes with --scenario whatif"),
+        (("--scenario", "whatif", "--batch-size", "8"), "chooses its own variants and loads"),
+        (("--scenario", "whatif", "--load", "nope"), "invalid choice: 'nope'"),
+    ):
+        done = kvprof("bench", *args)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_whatif_table_judges_each_prediction() -> None:
     """Predicted against the paired rounds' gain: close within max(30 %, 3 points), and an
     order the rounds contradict is named."""
-    (group,) = bench_whatif.plan().groups
+    (group,) = bench_whatif.plan(loads=("demo",)).groups
     gains = {"topkeys": 0.20, "timings": 0.00, "item-counter": 0.05, "memory-counter": 0.00, "fixed": 0.25}
     base = [100.0, 102.0, 98.0, 101.0]
     ops = {group.variants[0].name: base}

@@ -55,6 +55,7 @@ class Options:
     revs: tuple[str, ...] = ()  # kvcached built at these git revisions, as the variants
     history: Path | None = None  # JSON lines, one per run, judged against the last runs
     results: Path | None = None  # also write the figures as a result file here (kvprof.bench.published)
+    load: str | None = None  # whatif: the one load to run (whatif.LOADS); None: every one
 
 
 DEFAULT_DURATION = 5.0
@@ -111,8 +112,12 @@ def _plan(o: Options, progress: TextIO) -> Plan:
     """The scenario's plan, or with --rev kvcached built at each revision (ValueError / BenchError)."""
     if o.scenario == scenarios.WHATIF:
         if o.against or o.revs or o.overrides.servers or o.overrides.client_changes():
-            raise ValueError("--scenario whatif chooses its own variants and load: give only -t, --runs, -d")
-        return whatif.plan(o.overrides.workers)
+            raise ValueError(
+                "--scenario whatif chooses its own variants and loads: give only -t, --runs, -d, --load"
+            )
+        return whatif.plan(o.overrides.workers, (o.load,) if o.load else whatif.LOADS)
+    if o.load:
+        raise ValueError("--load goes with --scenario whatif")
     if not o.revs:
         return scenarios.build(o.scenario, o.against, o.overrides)
     if o.scenario != scenarios.STUDY or o.against:

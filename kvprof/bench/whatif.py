@@ -36,14 +36,14 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from kvprof.bench import BenchError, published, stats, table
 from kvprof.bench.loadgen import kvload_argv
 from kvprof.bench.runner import Bench
-from kvprof.bench.scenarios import WHATIF
+from kvprof.bench.scenarios import WHATIF, study_client
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.profile import Profile
@@ -51,14 +51,14 @@ from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SE
 from kvprof.system.servers import Server, die_with_parent
 
 WORKERS = 2
-RECORD_S = 5.0  # seconds of profile the predictions come from
+RECORD_S = 4.0  # seconds of profile the predictions come from
 SETTLE_S = 1.0  # of load before the collectors attach
 ALL = "fixed"  # the preset with every site fixed, and its row
 TOLERANCE = 0.30  # a prediction is close when within this share of the measured gain...
 TOLERANCE_POINTS = 0.03  # ...or within these points of it, whichever is wider
 FIXED_MAX = 0.02  # on the fixed preset no finding should predict more
-TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server, over all blocks
-TOGGLE_BLOCKS = 10  # profiles of baseline, each followed by every fix toggled for its share of pairs
+TOGGLE_PAIRS = 70  # pairs of windows per fix on the toggled server, over all blocks
+TOGGLE_BLOCKS = 5  # profiles of baseline, each followed by every fix toggled for its share of pairs
 ATTACH_S = 5.0  # a profile's compile and attach, for the load's length
 TOGGLE_WINDOW_S = 0.2  # the site's switch takes effect at each worker's next update
 TOGGLE_SETTLE_S = 0.05  # after a switch, before its window
@@ -67,6 +67,8 @@ IQR_SIGMAS = 2 * statistics.NormalDist().inv_cdf(0.75)  # an interquartile range
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
+DEMO, STUDY = "demo", "study"  # the loads: the demo's, and the study scenario's (kvprof.bench.scenarios)
+LOADS = (DEMO, STUDY)
 
 
 class Predicted(Protocol):
@@ -87,14 +89,26 @@ def fixes() -> dict[str, tuple[str, ...]]:
     return {**{site: (site,) for site in SITES}, ALL: SITES}
 
 
-def plan(workers: Sequence[int] | None = None) -> Plan:
-    """baseline, then each site fixed alone, then fixed, at 2 workers under the demo's load."""
+def client_of(load: str, workers: int) -> ClientConfig:
+    """kvload's settings for `load` (LOADS) against `workers` worker threads."""
+    return DEMO_CLIENT if load == DEMO else study_client(workers)
+
+
+def plan(workers: Sequence[int] | None = None, loads: Sequence[str] = LOADS) -> Plan:
+    """baseline, then each site fixed alone, then fixed, at 2 workers under each load: a
+    group per load and worker count, each on servers of its own (a load's sets would
+    change what the other reads)."""
     groups = []
-    for w in workers or (WORKERS,):
-        title = f"{w} worker{'s' if w != 1 else ''}, the demo's load ({DEMO_CLIENT.label})"
-        specs = ["baseline", *(f"baseline+{site}" for site in SITES), ALL]
-        variants = tuple(Variant(f"{s} t={w}", title, parse_server(s, w), DEMO_CLIENT) for s in specs)
-        groups.append(Group(title, variants))
+    for load in loads:
+        for w in workers or (WORKERS,):
+            client = client_of(load, w)
+            title = f"{w} worker{'s' if w != 1 else ''}, the {load}'s load ({client.label})"
+            specs = ["baseline", *(f"baseline+{site}" for site in SITES), ALL]
+            variants = tuple(
+                Variant(f"{s} t={w} {load}", title, replace(parse_server(s, w), load=load), client)
+                for s in specs
+            )
+            groups.append(Group(title, variants))
     return Plan(WHATIF, tuple(groups))
 
 
