@@ -119,6 +119,21 @@ def test_time_waiting_for_a_cpu_is_busy() -> None:
     assert budget(waiting_for_work).pace == "partly cpu-bound"
 
 
+def test_a_wait_counts_once_with_the_cpu_and_preemptions_inside_it() -> None:
+    """A kvs lock's wait runs from the failed trylock to the acquisition: when the thread
+    was off the CPU asleep for only a third of it (the rest it was preempted, or on the CPU
+    in the lock's machinery: the budget's runnable and on-CPU time), only that third is a
+    wait the fix removes and the busy time counts it once. Without the offcpu collector the
+    whole wait counts."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3, runnable=0.2)
+    for th in p.threads.values():  # preempted 0.2, asleep 0.1
+        th.offcpu_ns = th.runnable_ns + round(0.1 * DUR * 1e9)
+    assert _lock_gain(p) == pytest.approx(0.1 / 0.9, rel=0.02)
+    assert budget(p).busy_share == pytest.approx(1.0, abs=0.01)
+    p.collectors = ["oncpu", "locks"]
+    assert _lock_gain(p) == pytest.approx(0.3 / 0.7, rel=0.02)
+
+
 def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Path) -> None:
     """Threads waiting for requests 95 % of the time with a small lock wait: the gain is
     about 0 and the report says the server is not CPU-bound."""
@@ -151,6 +166,13 @@ def _stalled(share: float, address: int = 0x5000, function: str = "bump") -> Pro
     return p
 
 
+def _waiting_as(p: Profile, other: Profile) -> None:
+    """`p` with `other`'s lock waits, its threads asleep in them as `other`'s are."""
+    p.locks = other.locks
+    for tid, th in p.threads.items():
+        th.offcpu_ns = other.threads[tid].offcpu_ns
+
+
 def test_stall_bound_threads_gain_what_the_stall_takes() -> None:
     """Half of two busy threads' samples stalled on one shared atomic: fixing it doubles them."""
     f = next(f for f in find(_stalled(0.5)) if f.id.startswith("sampled-line:"))
@@ -163,7 +185,7 @@ def test_a_lock_counts_the_stalls_on_its_own_word_once() -> None:
     the stall once."""
     wait_only = _profile(on_cpu=0.8, idle=0.0, wait=0.2)
     p = _stalled(0.1, address=wait_only.locks[0].address, function="pthread_mutex_lock")
-    p.locks = wait_only.locks
+    _waiting_as(p, wait_only)
     findings = find(p)
     lock = next(f for f in findings if f.id == "lock:biglock")
     word = next(f for f in findings if f.id.startswith("sampled-line:"))
@@ -174,7 +196,7 @@ def test_a_lock_counts_the_stalls_on_its_own_word_once() -> None:
 def test_fixes_together_compound_rather_than_add() -> None:
     """A lock wait and a line stall in the same threads: fixing both gains more than the sum."""
     p = _stalled(0.2)
-    p.locks = _profile(on_cpu=0.8, idle=0.0, wait=0.2).locks
+    _waiting_as(p, _profile(on_cpu=0.8, idle=0.0, wait=0.2))
     findings = find(p)
     each = [f.cost[GAIN_KEY] for f in findings if f.cost[GAIN_KEY] > 0]
     assert len(each) == 2
@@ -318,14 +340,14 @@ def test_predictions_and_toggled_gains_come_from_the_same_minutes(
     bench = Bench(plan, progress)
     bench.servers[base.server] = server
     try:
-        mean, toggled, last = bench_whatif.interleaved(bench, base, 2, 2, 1.0, model)
+        mean, toggled, profiles = bench_whatif.interleaved(bench, base, 2, 2, 1.0, model)
     finally:
         shutil.rmtree(bench.workdir, ignore_errors=True)
     assert len(said) == 2 and mean.gains["topkeys"] == pytest.approx(sum(said) / 2)
     assert set(mean.gains) == set(toggled) == set(bench_whatif.fixes())
     assert all(len(t.ratios) == 4 and all(r > 0 for r in t.ratios) for t in toggled.values())
     assert "block 1/2" in progress.getvalue() and "block 2/2" in progress.getvalue()
-    assert last.target.pid == server.pid and last.oncpu
+    assert len(profiles) == 2 and all(p.target.pid == server.pid and p.oncpu for p in profiles)
     assert server.stats("settings")["preset"] == "baseline"
 
 

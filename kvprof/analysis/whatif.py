@@ -118,17 +118,34 @@ def _waits(p: Profile) -> dict[str, float]:
     return out
 
 
+def asleep_share(p: Profile) -> dict[str, float]:
+    """Per thread, the share of its lock and futex waits it spent asleep. A kvs lock's wait
+    runs from the failed trylock to the acquisition: it holds the lock machinery's CPU and
+    the thread's preemptions too, which the budget has as on-CPU and runnable time already.
+    Asleep is the thread's off-CPU time less its runnable time (the offcpu collector's); a
+    thread it did not time off the CPU keeps its whole wait."""
+    if "offcpu" not in p.collectors:
+        return {}
+    out = {}
+    for tid, ns in _waits(p).items():
+        th = p.threads.get(tid)
+        if th is not None and th.offcpu_ns > 0 and ns > 0:
+            out[tid] = min(1.0, max(0.0, th.offcpu_ns - th.runnable_ns) / ns)
+    return out
+
+
 def budget(p: Profile) -> Budget:
     """Every thread's time budget over the window."""
     dur, hz = seconds(p), p.hz or HZ
     samples = _samples_by_thread(p)
     waits = _waits(p)
+    asleep = asleep_share(p)
     out = Budget()
     for tid in sorted(set(p.threads) | set(samples)):
         th = p.threads.get(tid)
         on = min(1.0, samples.get(tid, 0) / hz / dur)
         runnable = th.runnable_ns / 1e9 / dur if th else 0.0
-        busy = min(1.0, on + runnable + waits.get(tid, 0.0) / 1e9 / dur)
+        busy = min(1.0, on + runnable + waits.get(tid, 0.0) * asleep.get(tid, 1.0) / 1e9 / dur)
         out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
@@ -182,6 +199,11 @@ class Stacks:
             if any(own in n for n in names for own in OWN_PROBES):
                 continue
             self.stacks.append((str(s.tid), set(names), names, s.count))
+
+    @functools.cached_property
+    def asleep(self) -> dict[str, float]:
+        """Per thread, the share of its waits spent asleep (asleep_share)."""
+        return asleep_share(self._profile)
 
     @functools.cached_property
     def lines(self) -> dict[int, dict[str, int]]:
@@ -261,8 +283,9 @@ def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[st
         for tid, row in f.per_thread.items():
             out[tid] += row.get("cpu_s_per_s", 0.0)
     elif f.category == "lock" or f.id.startswith("futex:"):
+        asleep = stacks.asleep
         for tid, row in f.per_thread.items():
-            out[tid] += row.get("wait_share", 0.0)
+            out[tid] += row.get("wait_share", 0.0) * asleep.get(tid, 1.0)
         if not cpu:
             return dict(out)
         for tid, share in stacks.cpu(f.sites, lock_only=True).items():

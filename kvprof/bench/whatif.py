@@ -244,28 +244,28 @@ class Mean:
 
 def interleaved(
     bench: Bench, v: Variant, blocks: int, pairs: int, seconds: float, predict: Predict
-) -> tuple[Mean, dict[str, Toggled], Profile]:
+) -> tuple[Mean, dict[str, Toggled], list[Profile]]:
     """`v`'s (baseline) server under one load: `blocks` times, a profile of `seconds`, then
     every fix toggled for `pairs` pairs. The predictions and the gains they are judged
     against come from the same minutes, whatever the host did with the CPUs meanwhile.
-    Returns the mean prediction, each fix's pairs together, and the last profile."""
+    Returns the mean prediction, each fix's pairs together, and the blocks' profiles."""
     server = bench.servers[v.server]
     names = list(fixes())
     per_block = seconds + ATTACH_S + len(names) * pairs * 2 * (TOGGLE_WINDOW_S + TOGGLE_SETTLE_S + 0.01)
     load = _load(bench, v, blocks * per_block * 1.5)
     said: list[Predicted] = []
     ratios: dict[str, list[float]] = {fix: [] for fix in names}
-    profile = None
+    profiles: list[Profile] = []
     try:
         time.sleep(SETTLE_S)
         for b in range(blocks):
-            profile = profile_of(server, seconds)
-            said.append(predict(profile, fixes()))
+            profiles.append(profile_of(server, seconds))
+            said.append(predict(profiles[-1], fixes()))
+            now = {fix: toggled_fix(server, fix, pairs) for fix in names}
             for fix in names:
-                ratios[fix] += toggled_fix(server, fix, pairs).ratios
-            now = {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}
+                ratios[fix] += now[fix].ratios
             bench.say(
-                f"[toggle] {v.name}, block {b + 1}/{blocks}: "
+                f"[toggle] {v.name}, block {b + 1}/{blocks}, this block's pairs: "
                 + ", ".join(
                     f"{fix} {now[fix].gain * 100:+.1f} % (said {said[-1].gains.get(fix, 0) * 100:+.1f})"
                     for fix in names
@@ -274,8 +274,7 @@ def interleaved(
     finally:
         load.terminate()
         load.wait(10)
-    assert profile is not None
-    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profile
+    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profiles
 
 
 @dataclass
@@ -293,9 +292,9 @@ class Recorder:
     predicted: dict[str, Predicted] = field(default_factory=dict)  # variant name -> prediction
     toggled: dict[str, dict[str, Toggled]] = field(default_factory=dict)  # baseline's name -> fix -> gain
 
-    def _keep(self, v: Variant, p: Profile) -> None:
+    def _keep(self, v: Variant, p: Profile, suffix: str = "") -> None:
         if self.keep is not None:
-            p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}.json.gz"))
+            p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}{suffix}.json.gz"))
 
     def __call__(self, bench: Bench) -> None:
         for g in bench.plan.groups:
@@ -306,7 +305,7 @@ class Recorder:
                     f"fix toggled for {self.toggle_pairs // self.blocks} pairs of {TOGGLE_WINDOW_S:g} s "
                     "windows"
                 )
-                said, toggled, p = interleaved(
+                said, toggled, profiles = interleaved(
                     bench,
                     base,
                     self.blocks,
@@ -315,7 +314,8 @@ class Recorder:
                     self.predict,
                 )
                 self.predicted[base.name], self.toggled[base.name] = said, toggled
-                self._keep(base, p)
+                for i, p in enumerate(profiles):
+                    self._keep(base, p, f"-block{i + 1}")
             for v in (fixed,) if self.toggle_pairs else (base, fixed):
                 bench.say(f"[record] {v.name}: {self.seconds:g} s under load")
                 p = record(bench, v, self.seconds)
