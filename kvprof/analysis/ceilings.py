@@ -5,10 +5,10 @@ number of cores (the utilization law: a resource busy `D` seconds per
 request serves at most `1 / D` requests a second):
 
 - a lock held `h` ns per acquisition, `a` acquisitions per request, is busy
-  `a x h` per request. The hold time at several cores is the one measured
-  (kvcached's sampled `lock__hold`) plus, when it was measured with a
-  single holder, the transfers the lock's own word and the line of data the
-  critical section writes would then cost: `HOLD_TRANSFERS` round trips;
+  `a x h` per request. `h` is its critical section's at the thread count
+  where it binds (kvprof.analysis.critical): its own work, the transfers of
+  the lines it writes, and for a sleeping mutex two threads saturate, the
+  hand-off;
 - a cache line written by two or more threads moves between cores for
   every write: `w` writes per request each wait a transfer `t`, so the line
   is busy `w x t` per request. `t` is one same-socket round trip
@@ -31,15 +31,16 @@ assumptions and a check against the study's numbers.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from kvprof.analysis import critical
 from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
 from kvprof.analysis.whatif import budget
 from kvprof.model.profile import Finding, LockHold, Profile
 
-HOLD_TRANSFERS = 2  # the lock's word and one line of its data, when one thread held it
 FAR = 1000.0  # a ceiling further than this factor above today's throughput is not a rung
 
 
@@ -109,23 +110,30 @@ def _busy_threads(p: Profile) -> float:
 
 def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ceiling]:
     """A ceiling for each single lock (kvcached's lock__hold, or the one lock
-    `record --hold` timed, over the seconds it did: `window_s`): a name whose
-    holds were all on one address. A name on several addresses is striped or
-    one per thread: the paced sample stands for the acquisitions of the whole
-    name, and cannot say how they spread over the addresses, so it gets none."""
+    `record --hold` timed, over the seconds it did: `window_s`), from its critical
+    section (kvprof.analysis.critical): a name whose holds were all on one
+    address. A name on several addresses is striped or one per thread: the
+    paced sample stands for the acquisitions of the whole name, and cannot say
+    how they spread over the addresses, so it gets none."""
     dur = seconds(p)
     addresses: dict[str, set[int]] = {}
     for h in p.holds:
         addresses.setdefault(h.name, set()).add(h.address)
     out = []
+    busy = {tid: th.busy for tid, th in budget(p).threads.items()} if p.holds else {}
     for h in p.holds:
         if h.acquisitions <= 0 or dur <= 0 or len(addresses[h.name]) > 1:
             continue
-        hold = h.hold_ns / h.acquisitions
-        if sum(1 for th in h.by_thread.values() if th.acquisitions > 0) < 2:
-            hold += HOLD_TRANSFERS * t.transfer_ns
-        per_op = hold * (h.acquisitions / (h.window_s or dur)) / (_ops_while(p, h) or ops)
-        out.append(Ceiling(f"{h.name} mutex", "lock", h.name, per_op, 1e9 / per_op, math.nan))
+        waited: dict[str, float] = defaultdict(float)  # its waits are not work between acquisitions
+        for lk in (lk for lk in p.locks if lk.name == h.name):
+            for tid, w in lk.by_thread.items():
+                waited[tid] += w.wait_ns / 1e9 / dur
+        s = critical.section(h, dur, _ops_while(p, h) or ops, busy, t, waited)
+        if s.acquisitions_per_op <= 0:
+            continue
+        out.append(
+            Ceiling(f"{h.name} mutex", "lock", h.name, s.busy_ns_per_op, s.ceiling_ops_per_s, math.nan)
+        )
     return out
 
 

@@ -18,6 +18,7 @@ binding ceiling that is not there).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -26,7 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from kvprof.analysis.findings.common import THRESHOLDS
 from kvprof.bench import BenchError, published
+from kvprof.bench.placement import handoff_ns
 from kvprof.bench.whatif import ops_done, profile_of
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
@@ -38,6 +41,7 @@ MEASURE_S = 4.0
 SETTLE_S = 1.0
 CLOSE = 0.20  # with the hold: the prediction within this share of two workers' throughput
 OVERSHOOT = 0.25  # ... where plain scaling is at least this much too high
+HANDOFF_MS = 300  # the hand-off probe's window before each run
 FAR = 2.0  # without it: the prediction at least this many times what two workers reach
 
 # first rung: (resource, ceiling ops/s), or None when the profile shows none
@@ -52,6 +56,8 @@ class Row:
     two_workers_ops: float
     resource: str
     predicted_ops: float
+    handoff_ns: float = math.nan  # this machine's, measured before the run (atomics --mode handoff)
+    wake_ns: float = math.nan
 
     @property
     def error(self) -> float:
@@ -125,6 +131,10 @@ def figures(rows: list[Row]) -> list[published.Figure]:
 def run(predict: Predict, runs: int, results: Path | None, out: TextIO = sys.stdout) -> int:
     rows = []
     for run_i in range(runs):
+        handoff, wake = handoff_ns(HOLD_NS, HANDOFF_MS)
+        print(f"ceiling: run {run_i + 1}/{runs}: a mutex's hand-off here {handoff / 1e3:.1f} us, "
+              f"waking unlock {wake / 1e3:.1f} us (the model's: {THRESHOLDS.handoff_ns / 1e3:.1f}, "
+              f"{THRESHOLDS.wake_ns / 1e3:.1f})", file=sys.stderr)  # fmt: skip
         for hold in (HOLD_NS, 0):
             print(f"ceiling: run {run_i + 1}/{runs}, hold {hold} ns: 1 worker (recorded)...", file=sys.stderr)
             one, rung = _serve(1, hold, predict)
@@ -132,7 +142,7 @@ def run(predict: Predict, runs: int, results: Path | None, out: TextIO = sys.std
                 raise BenchError(f"the recording of one worker (hold {hold} ns) showed no ceiling")
             print(f"ceiling: run {run_i + 1}/{runs}, hold {hold} ns: 2 workers...", file=sys.stderr)
             two, _ = _serve(2, hold, None)
-            rows.append(Row(hold, run_i + 1, one, two, rung[0], rung[1]))
+            rows.append(Row(hold, run_i + 1, one, two, rung[0], rung[1], handoff, wake))
     print(f"{'hold ns':>8} {'run':>4} {'1 worker':>10} {'2 workers':>10} {'predicted':>10} "
           f"{'error':>7} {'2x1 err':>8}  first ceiling", file=out)  # fmt: skip
     for r in rows:
@@ -145,6 +155,6 @@ def run(predict: Predict, runs: int, results: Path | None, out: TextIO = sys.std
         settings = {"runs": runs, "hold_ns": HOLD_NS, "record_s": RECORD_S, "measure_s": MEASURE_S}
         title = "Ceiling predicted at 1 worker against 2 workers"
         doc = published.document("ceiling", title, figures(rows), settings)
-        doc["rows"] = [asdict(r) for r in rows]
+        doc["rows"] = [{k: None if v != v else v for k, v in asdict(r).items()} for r in rows]  # NaN: null
         print(f"wrote {published.write(doc, results)} (results)", file=out)
     return 0 if all(r.holds for r in rows) else 1

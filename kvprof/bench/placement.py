@@ -124,6 +124,25 @@ def round_trip_ns(cpus: tuple[int, int], ms: int = PROBE_MS) -> float:
     return value if 0 < value <= MAX_NS else math.nan
 
 
+def handoff_ns(hold_ns: int, ms: int = PROBE_MS) -> tuple[float, float]:
+    """A pthread mutex handed to a thread asleep in the futex wait after a `hold_ns` hold
+    (`atomics --mode handoff`): ns from the unlock to the sleeper holding it, and the
+    unlocker's own ns in that waking unlock (NaN, NaN when the probe cannot run)."""
+    try:
+        exe = atomics_binary()
+    except BenchError:
+        return math.nan, math.nan
+    argv = [str(exe), "--mode", "handoff", "--threads", "2", "--hold-ns", str(hold_ns),
+            "--duration-ms", str(ms), "--json"]  # fmt: skip
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        row = json.loads(out.stdout) if out.returncode == 0 else {}
+        value, wake = float(row["ns_per_op"]), float(row["wake_ns"])
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return math.nan, math.nan
+    return (value, wake) if value > 0 else (math.nan, math.nan)
+
+
 def alike(a: float, b: float) -> bool:
     """Two readings of one placement (True when either is missing: nothing says otherwise)."""
     if math.isnan(a) or math.isnan(b):

@@ -10,6 +10,12 @@
  *   pingpong      two threads hand one cache line back and forth; ns_per_op
  *                 is the round trip (kvprof bench reads it around every run:
  *                 on a VM it says where the host put the CPUs)
+ *   handoff       two threads hand a pthread mutex back and forth, each holding
+ *                 it --hold-ns before it unlocks while the other sleeps in the
+ *                 futex wait: ns_per_op is the hand-off, from the unlock to the
+ *                 sleeper holding the lock (the futex wake and the waiter's
+ *                 wake-up a contended sleeping mutex pays; kvprof's critical
+ *                 section model reads it)
  *
  * --realtime runs the threads at SCHED_FIFO and the timer above them, so that
  * a probe on a busy machine measures the line, not the scheduler (root).
@@ -30,8 +36,8 @@
 #define EX_USAGE 64
 #define MAX_THREADS 256
 
-enum mode { SHARED, FALSE_SHARED, PADDED, LOCAL, PINGPONG, MODES };
-static const char *const mode_names[MODES] = {"shared", "false-shared", "padded", "local", "pingpong"};
+enum mode { SHARED, FALSE_SHARED, PADDED, LOCAL, PINGPONG, HANDOFF, MODES };
+static const char *const mode_names[MODES] = {"shared", "false-shared", "padded", "local", "pingpong", "handoff"};
 
 static uint64_t shared_word __attribute__((aligned(64)));
 static uint64_t same_line[8] __attribute__((aligned(64)));
@@ -41,12 +47,55 @@ static struct {
 
 static volatile int go, stop;
 
+/* handoff: the mutex, who took it last, when it was released, the hold */
+static pthread_mutex_t handoff_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int last_owner = -1;
+static uint64_t released_ns;
+static uint64_t hold_ns = 10000;
+
 struct worker {
     pthread_t tid;
     int idx, cpu;
     enum mode mode;
-    uint64_t ops;
+    uint64_t ops, handoff_ns, wake_ns;
 } __attribute__((aligned(64)));
+
+static uint64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Each thread takes the mutex, holds it hold_ns, releases it, then waits until
+ * the other has taken it before it asks again: the other asked while it was
+ * held, so it was asleep in the futex wait, and every acquisition is a
+ * hand-off to a sleeper. Only this thread writes last_owner and released_ns
+ * while it holds the mutex; the mutex orders them. */
+static void handoff(struct worker *w)
+{
+    uint64_t n = 0, sum = 0, wakes = 0;
+    while (!stop) {
+        pthread_mutex_lock(&handoff_mutex);
+        uint64_t t = clock_ns();
+        if (__atomic_load_n(&last_owner, __ATOMIC_RELAXED) == 1 - w->idx) {
+            sum += t - released_ns;
+            n++;
+        }
+        __atomic_store_n(&last_owner, w->idx, __ATOMIC_RELEASE);
+        while (clock_ns() - t < hold_ns && !stop)
+            ;
+        uint64_t released = clock_ns();
+        released_ns = released;
+        pthread_mutex_unlock(&handoff_mutex);
+        wakes += clock_ns() - released;
+        while (__atomic_load_n(&last_owner, __ATOMIC_ACQUIRE) == w->idx && !stop)
+            ;
+    }
+    w->ops = n;
+    w->handoff_ns = sum;
+    w->wake_ns = wakes;
+}
 
 static void *run(void *arg)
 {
@@ -63,6 +112,10 @@ static void *run(void *arg)
     uint64_t local = 0, n = 0;
     while (!go)
         ;
+    if (w->mode == HANDOFF) {
+        handoff(w);
+        return NULL;
+    }
     if (w->mode == PINGPONG) {
         /* thread 0 writes odd values and waits for the next even one, thread 1
          * answers each odd value: every step moves the line to the other core */
@@ -90,6 +143,7 @@ static void *run(void *arg)
                 __atomic_fetch_add(p, 1, __ATOMIC_RELAXED);
                 break;
             case PINGPONG:
+            case HANDOFF:
                 break;
             case LOCAL:
                 /* a store the compiler must keep, without a lock prefix */
@@ -114,8 +168,8 @@ static double now_s(void)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: atomics --mode shared|false-shared|padded|local|pingpong --threads N [--cpus 0,1,...]\n"
-                 "               [--duration-ms MS] [--realtime] [--json]\n");
+    fprintf(out, "usage: atomics --mode shared|false-shared|padded|local|pingpong|handoff --threads N\n"
+                 "               [--cpus 0,1,...] [--duration-ms MS] [--hold-ns NS] [--realtime] [--json]\n");
 }
 
 int main(int argc, char **argv)
@@ -142,6 +196,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--threads") == 0) {
             threads = atoi(v);
             i++;
+        } else if (strcmp(a, "--hold-ns") == 0) {
+            hold_ns = (uint64_t)strtoull(v, NULL, 10);
+            i++;
         } else if (strcmp(a, "--duration-ms") == 0) {
             ms = atoi(v);
             i++;
@@ -156,9 +213,9 @@ int main(int argc, char **argv)
             return EX_USAGE;
         }
     }
-    if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10 || (mode == PINGPONG && threads != 2)) {
-        fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local, pingpong), 1 <= --threads <= %d "
-                        "(pingpong: 2), --duration-ms >= 10\n", MAX_THREADS);
+    if (mode == MODES || threads < 1 || threads > MAX_THREADS || ms < 10 || ((mode == PINGPONG || mode == HANDOFF) && threads != 2)) {
+        fprintf(stderr, "atomics: need --mode (shared, false-shared, padded, local, pingpong, handoff), "
+                        "1 <= --threads <= %d (pingpong, handoff: 2), --duration-ms >= 10\n", MAX_THREADS);
         return EX_USAGE;
     }
     pthread_attr_t attr;
@@ -191,24 +248,37 @@ int main(int argc, char **argv)
     nanosleep(&ts, NULL);
     stop = 1;
     double secs = now_s() - t0;
-    uint64_t total = 0;
+    uint64_t total = 0, handoffs_ns = 0, wakes_ns = 0;
     for (int i = 0; i < threads; i++) {
         pthread_join(w[i].tid, NULL);
         total += w[i].ops;
+        handoffs_ns += w[i].handoff_ns;
+        wakes_ns += w[i].wake_ns;
     }
     /* a thread that got no CPU at all in the window (a busy machine) counts
      * 0: report it rather than dividing by zero (inf is not JSON) */
     double ops_s = (double)total / secs, ns_op = total ? secs * 1e9 * threads / (double)total : 0.0;
     if (mode == PINGPONG) /* round trips per second; ns per round trip */
         ns_op = total ? secs * 1e9 / (double)total : 0.0;
+    if (mode == HANDOFF) /* hand-offs per second; ns from an unlock to the sleeper holding it */
+        ns_op = total ? (double)handoffs_ns / (double)total : 0.0;
     char cpulist[512] = "";
     for (int i = 0; i < threads && ncpus; i++) {
         size_t len = strlen(cpulist);
         snprintf(cpulist + len, sizeof(cpulist) - len, "%s%d", i ? "," : "", w[i].cpu);
     }
-    if (json)
+    /* handoff: also the unlocker's own time in the unlock that wakes the sleeper */
+    double wake = mode == HANDOFF && total ? (double)wakes_ns / (double)total : 0.0;
+    if (json && mode == HANDOFF)
+        printf("{\"mode\": \"%s\", \"threads\": %d, \"cpus\": \"%s\", \"ops_per_sec\": %.0f, \"ns_per_op\": %.2f, "
+               "\"hold_ns\": %llu, \"wake_ns\": %.2f}\n",
+               mode_names[mode], threads, cpulist, ops_s, ns_op, (unsigned long long)hold_ns, wake);
+    else if (json)
         printf("{\"mode\": \"%s\", \"threads\": %d, \"cpus\": \"%s\", \"ops_per_sec\": %.0f, \"ns_per_op\": %.2f}\n",
                mode_names[mode], threads, cpulist, ops_s, ns_op);
+    else if (mode == HANDOFF)
+        printf("%-13s threads %-3d cpus %-10s %14.0f ops/s  %7.2f ns per hand-off, %.2f ns in the waking unlock\n",
+               mode_names[mode], threads, ncpus ? cpulist : "any", ops_s, ns_op, wake);
     else
         printf("%-13s threads %-3d cpus %-10s %14.0f ops/s  %7.2f ns/op per thread\n", mode_names[mode], threads,
                ncpus ? cpulist : "any", ops_s, ns_op);

@@ -31,6 +31,11 @@ class Thresholds:
     transfer_ns: float = (
         57.0  # one same-socket cache-line round trip, measured (docs/design.md, "Measured numbers")
     )
+    # a pthread mutex handed to a thread asleep in the futex wait, measured by
+    # `atomics --mode handoff --hold-ns 10000` (docs/findings.md, "Ceilings"): from the
+    # unlock to the sleeper holding it, and the unlocker's own time in that waking unlock
+    handoff_ns: float = 25_000.0
+    wake_ns: float = 9_600.0
     # a catalog function: share of all CPU samples with it anywhere on the stack
     hotspot_cpu_critical: float = 0.25
     hotspot_cpu_warning: float = 0.10

@@ -7,6 +7,9 @@ from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.whatif import modelled
 from kvprof.model.profile import Finding
 
+# a ceiling below today's throughput: kvprof.analysis.critical's two-thread convoy
+SATURATED_NOTE = ": busier threads saturate it, and a saturated sleeping mutex pays a hand-off"
+
 
 def _n(x: float) -> str:
     if x >= 100:
@@ -30,10 +33,11 @@ def summary(f: Finding) -> str:
     if modelled(f) and GAIN_KEY in f.cost:
         s += f" Fixing it would give back about {f.cost[GAIN_KEY]:+.1%} throughput."
     if "ceiling_ops_per_s" in f.cost:
+        share = f.cost.get("ceiling_share", 0)
         s += (
             f" Alone it caps the server at {_n(f.cost['ceiling_ops_per_s'])} ops/s, whatever its cores"
             f" (about {_n(f.cost.get('binds_at_threads', 0))} busy threads at today's pace; today's"
-            f" throughput is {f.cost.get('ceiling_share', 0):.1%} of it)."
+            f" throughput is {share:.1%} of it" + (SATURATED_NOTE if share > 1 else "") + ")."
         )
     return s
 
