@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from kvprof.analysis import critical
 from kvprof.analysis.findings.common import GAIN_KEY, THRESHOLDS
 from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.findings.lock_cpu import lock_addresses
@@ -132,6 +133,20 @@ def asleep_share(p: Profile) -> dict[str, float]:
         if th is not None and th.offcpu_ns > 0 and ns > 0:
             out[tid] = min(1.0, max(0.0, th.offcpu_ns - th.runnable_ns) / ns)
     return out
+
+
+def waited_for(p: Profile, name: str) -> dict[str, float]:
+    """Per thread, the share of the window the budget counts as waiting for the kvs lock
+    `name`: its waits' asleep part."""
+    dur = seconds(p)
+    asleep = asleep_share(p)
+    out: dict[str, float] = defaultdict(float)
+    for lk in locks(p):
+        if lk.name != name or dur <= 0:
+            continue
+        for tid, w in lk.by_thread.items():
+            out[tid] += w.wait_ns * asleep.get(tid, 1.0) / 1e9 / dur
+    return dict(out)
 
 
 def budget(p: Profile) -> Budget:
@@ -239,11 +254,13 @@ def lock_lines(p: Profile, f: Finding) -> set[int]:
 
 
 def held_excess(p: Profile, f: Finding) -> dict[str, float]:
-    """Per thread, the share of the window a lock finding's lock was held beyond the critical
-    section's own work: its holds (kvcached's lock__hold, or record --hold's on a futex
-    finding's mutex) past the shortest sampled one, the lines that moved in and the hand-off.
-    The same hold the lock's ceiling comes from (kvprof.analysis.ceilings); a per-thread
-    design keeps the own work and loses the rest."""
+    """Per thread, the share of the window its holds of a lock finding's lock took beyond
+    the critical section's own work at the number of threads that held it: the lines that
+    moved in. The lock's holds are kvcached's lock__hold, or record --hold's on a futex
+    finding's mutex; the section is the one the lock's ceiling comes from
+    (kvprof.analysis.critical), and a per-thread design keeps its own work and loses the
+    rest. The section's hand-off, where two threads saturate a sleeping mutex, is the
+    waiter's time asleep: in its wait, which the fix removes already."""
     dur = seconds(p)
     if f.category == "lock":
         name = f.id.split(":", 1)[1]
@@ -251,14 +268,15 @@ def held_excess(p: Profile, f: Finding) -> dict[str, float]:
         name = f.lock
     else:
         return {}
-    if dur <= 0:
+    holds = [h for h in p.holds if h.name == name and h.acquisitions > 0]
+    if dur <= 0 or not holds:
         return {}
     out: dict[str, float] = defaultdict(float)
-    for h in p.holds:
-        if h.name != name or not h.min_ns:
-            continue
-        for tid, t in h.by_thread.items():
-            out[tid] += max(0.0, t.hold_ns - t.acquisitions * h.min_ns) / 1e9 / (h.window_s or dur)
+    for h in holds:
+        s = critical.section(h, dur, 0.0, {})  # the lines moved in need neither throughput nor busy time
+        moved = s.transfer_ns(s.holders)
+        for tid, th in h.by_thread.items():
+            out[tid] += th.acquisitions * moved / 1e9 / (h.window_s or dur)
     return dict(out)
 
 
