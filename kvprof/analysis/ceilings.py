@@ -31,14 +31,13 @@ assumptions and a check against the study's numbers.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from kvprof.analysis import critical
 from kvprof.analysis.findings.common import CEILING_SHARE_KEY, THRESHOLDS, Thresholds, rank
 from kvprof.analysis.tables import LINE_PROBE, REQUEST_PROBE, sample_rate, seconds
-from kvprof.analysis.whatif import budget
+from kvprof.analysis.whatif import budget, waited_for
 from kvprof.model.profile import Finding, LockHold, Profile
 
 FAR = 1000.0  # a ceiling further than this factor above today's throughput is not a rung
@@ -124,11 +123,8 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
     for h in p.holds:
         if h.acquisitions <= 0 or dur <= 0 or len(addresses[h.name]) > 1:
             continue
-        waited: dict[str, float] = defaultdict(float)  # its waits are not work between acquisitions
-        for lk in (lk for lk in p.locks if lk.name == h.name):
-            for tid, w in lk.by_thread.items():
-                waited[tid] += w.wait_ns / 1e9 / dur
-        s = critical.section(h, dur, _ops_while(p, h) or ops, busy, t, waited)
+        # its waits, as the budget counts them, are not work between acquisitions
+        s = critical.section(h, dur, _ops_while(p, h) or ops, busy, t, waited_for(p, h.name))
         if s.acquisitions_per_op <= 0:
             continue
         out.append(
