@@ -313,6 +313,10 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert rows["fixed"].rounds == pytest.approx(0.40)
     assert rows["topkeys"].measured == pytest.approx(0.18)  # not toggled: the rounds'
     assert bench_whatif.order_misses(list(rows.values())) == []
+    # the server CPU per operation the rounds saved, beside: what the fix gave the server
+    cpu = {group.variants[0].name: [800.0, 820.0], group.variants[1].name: [640.0, 656.0]}
+    rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled, cpu)}
+    assert rows["topkeys"].cpu == pytest.approx(0.25) and rows["timings"].cpu is None
     # one window something else took moves neither the gain nor its error much
     steady = bench_whatif.Toggled("x", tuple(1.0 + 0.01 * (i % 5 - 2) for i in range(40)))
     upset = bench_whatif.Toggled("x", (*steady.ratios[:-1], 9.0))

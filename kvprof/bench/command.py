@@ -249,14 +249,16 @@ def run_scenario(
     lines += _targets(plan, measured)
     if recorder is not None:
         ops = {m.name: m.ops for m in measured}
+        cpu = {m.name: m.server_ns_per_op for m in measured}
         for g in plan.groups:
-            lines += ["", *whatif.render(g.variants, ops, recorder)]
+            lines += ["", *whatif.render(g.variants, ops, recorder, cpu)]
     lines += _history(o, plan, _timed_figures(measured))
     lines.append(f"wrote {output} (pyperf JSON)")
     figures = _published_figures(measured)
     if recorder is not None:
         ops = {m.name: m.ops for m in measured}
-        figures += [f for g in plan.groups for f in whatif.figures(g.variants, ops, recorder)]
+        cpu = {m.name: m.server_ns_per_op for m in measured}
+        figures += [f for g in plan.groups for f in whatif.figures(g.variants, ops, recorder, cpu)]
     lines += _publish(
         o,
         f"bench-{plan.scenario}",

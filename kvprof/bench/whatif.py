@@ -335,6 +335,7 @@ class Check:
     rounds_spread: float  # the CV of the per-round ratios
     verdict: str  # the rounds'
     toggled: Toggled | None = None
+    cpu: float | None = None  # the rounds' server CPU per operation, the reference's over the fix's, - 1
 
     @property
     def measured(self) -> float:
@@ -361,15 +362,22 @@ def checks(
     ops: Mapping[str, Sequence[float]],
     said: Predicted,
     toggled: Mapping[str, Toggled] | None = None,
+    cpu: Mapping[str, Sequence[float]] | None = None,
 ) -> list[Check]:
-    """Each fix of a group against its reference (the group's first variant)."""
+    """Each fix of a group against its reference (the group's first variant); `cpu`: each
+    variant's server CPU ns per operation in the rounds, when known."""
     base = ops[group[0].name]
+    cpu = cpu or {}
     out = []
     for v in group[1:]:
         c = stats.compare(base, ops[v.name])
         fix = fix_of(v)
+        before, after = cpu.get(group[0].name), cpu.get(v.name)
+        less = stats.median(before) / stats.median(after) - 1 if before and after else None
         out.append(
-            Check(fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict, (toggled or {}).get(fix))
+            Check(
+                fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict, (toggled or {}).get(fix), less
+            )
         )
     return out
 
@@ -393,15 +401,18 @@ def _pct(x: float) -> str:
 
 
 def figures(
-    group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder
+    group: Sequence[Variant],
+    ops: Mapping[str, Sequence[float]],
+    rec: Recorder,
+    cpu: Mapping[str, Sequence[float]] | None = None,
 ) -> list[published.Figure]:
-    """Each fix's predicted gain and the gain it measured (toggled, or the paired rounds'),
-    in percent, for the result file."""
+    """Each fix's predicted gain, the gain it measured (toggled, or the paired rounds') and
+    the server CPU per operation it saved in the rounds, in percent, for the result file."""
     said = rec.predicted.get(group[0].name)
     if said is None:
         return []
     out = []
-    for r in checks(group, ops, said, rec.toggled.get(group[0].name)):
+    for r in checks(group, ops, said, rec.toggled.get(group[0].name), cpu):
         how = "toggled, ±2 standard errors" if r.toggled is not None else "paired rounds, ±their CV"
         n = len(r.toggled.ratios) if r.toggled is not None else len(ops[group[0].name])
         out += [
@@ -416,17 +427,32 @@ def figures(
                 n,
             ),
         ]
+        if r.cpu is not None:
+            out.append(
+                published.Figure(
+                    f"{group[0].group}: {r.fix} server CPU per op saved (rounds' medians, "
+                    "reference / fixed - 1)",
+                    round(100 * r.cpu, 2),
+                    "%",
+                    n=len(ops[group[0].name]),
+                )
+            )
     return out
 
 
-def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder) -> list[str]:
+def render(
+    group: Sequence[Variant],
+    ops: Mapping[str, Sequence[float]],
+    rec: Recorder,
+    cpu: Mapping[str, Sequence[float]] | None = None,
+) -> list[str]:
     """The predicted-vs-measured table of one group, and what it says."""
     base, fixed = group[0].name, group[-1].name
     said = rec.predicted.get(base)
     if said is None:
         return []
     toggled = rec.toggled.get(base)
-    rows = checks(group, ops, said, toggled)
+    rows = checks(group, ops, said, toggled, cpu)
     lines = [
         *table.wrap(
             f"what each fix is worth, {group[0].group}: "
@@ -436,21 +462,24 @@ def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Re
                 f"({rec.toggle_pairs} pairs of {TOGGLE_WINDOW_S:g} s windows per fix in all, the site "
                 "switched by kvcached's `site` command; median gain ± its standard error): the prediction "
                 "is judged against the toggled gain, measured in the same minutes; the paired rounds "
-                "above beside it"
+                "above beside it, and `cpu/op`, the server CPU per operation they saved (the "
+                "reference's over the fix's - 1: what the fix gave the server, whether or not the "
+                "load used it)"
                 if toggled
                 else f"predicted from a {rec.seconds:g} s profile of {base}, measured in the paired rounds "
                 "above"
             )
         ),
-        f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'toggled':>9} {'±SE':>5}"
-        "  close (allowed)",
+        f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'cpu/op':>8}{'toggled':>9}"
+        f" {'±SE':>5}  close (allowed)",
     ]
     for r in rows:
         ok = "yes" if r.close else "NO"
         t = r.toggled
         lines.append(
             f"{r.fix:<16}{_pct(r.predicted):>10}{_pct(r.rounds):>9}{r.rounds_spread * 100:7.1f}  "
-            f"{r.verdict:<12}{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
+            f"{r.verdict:<12}{_pct(r.cpu) if r.cpu is not None else '-':>8}"
+            f"{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
             f"  {ok} (±{r.allowed * 100:.1f})"
         )
     misses = order_misses(rows)
