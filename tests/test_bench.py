@@ -244,10 +244,12 @@ def test_other_plans() -> None:
 
 
 def test_cli_scenarios_match() -> None:
-    """The CLI's literal scenario list is the bench package's."""
+    """The CLI's literal scenario and what-if load lists are the bench package's."""
+    from kvprof.bench import whatif
     from kvprof.commands import bench
 
     assert bench.SCENARIOS == scenarios.SCENARIOS
+    assert bench.LOADS == whatif.LOADS
 
 
 def test_parse_memcaslap() -> None:

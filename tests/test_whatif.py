@@ -16,14 +16,15 @@ import pytest
 from support import exposition, kvload, kvprof, record
 
 from kvprof.analysis import find
-from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, predict
-from kvprof.bench import BenchError
+from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, held_excess, predict
+from kvprof.bench import BenchError, scenarios
 from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.runner import Bench
 from kvprof.bench.variants import SITES
 from kvprof.model.profile import (
     AddressSample,
     CpuStack,
+    LockHold,
     LockStack,
     LockStat,
     OffCpu,
@@ -31,6 +32,7 @@ from kvprof.model.profile import (
     Profile,
     SampledAddresses,
     Target,
+    ThreadHolds,
     ThreadInfo,
     ThreadWaits,
     Window,
@@ -119,6 +121,35 @@ def test_time_waiting_for_a_cpu_is_busy() -> None:
     assert budget(waiting_for_work).pace == "partly cpu-bound"
 
 
+def test_a_wait_counts_once_with_the_cpu_and_preemptions_inside_it() -> None:
+    """A kvs lock's wait runs from the failed trylock to the acquisition: when the thread
+    was off the CPU asleep for only a third of it (the rest it was preempted, or on the CPU
+    in the lock's machinery: the budget's runnable and on-CPU time), only that third is a
+    wait the fix removes and the busy time counts it once. Without the offcpu collector the
+    whole wait counts."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3, runnable=0.2)
+    for th in p.threads.values():  # preempted 0.2, asleep 0.1
+        th.offcpu_ns = th.runnable_ns + round(0.1 * DUR * 1e9)
+    assert _lock_gain(p) == pytest.approx(0.1 / 0.9, rel=0.02)
+    assert budget(p).busy_share == pytest.approx(1.0, abs=0.01)
+    p.collectors = ["oncpu", "locks"]
+    assert _lock_gain(p) == pytest.approx(0.3 / 0.7, rel=0.02)
+
+
+def test_only_lines_moved_in_by_another_holder_are_excess() -> None:
+    """The critical section (kvprof.analysis.critical) of a lock two threads hold: its holds
+    past the shortest one are lines that moved in, which the fix removes (100 ns of 300 per
+    acquisition, 1M acquisitions a thread in 10 s: 1 % of each thread's time). Held by one
+    thread, nothing moved: the same holds are its own work."""
+    p = _profile(on_cpu=0.7, idle=0.0, wait=0.3)
+    lock = next(f for f in find(p) if f.id == "lock:biglock")
+    two = {tid: ThreadHolds(1_000_000, 300_000_000) for tid in (T0, T1)}
+    p.holds = [LockHold("biglock", 0x1000, 2_000_000, 600_000_000, 200, 200, two)]
+    assert held_excess(p, lock) == pytest.approx({T0: 0.01, T1: 0.01})
+    p.holds[0].by_thread = {T0: two[T0]}
+    assert not any(held_excess(p, lock).values())
+
+
 def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Path) -> None:
     """Threads waiting for requests 95 % of the time with a small lock wait: the gain is
     about 0 and the report says the server is not CPU-bound."""
@@ -151,6 +182,13 @@ def _stalled(share: float, address: int = 0x5000, function: str = "bump") -> Pro
     return p
 
 
+def _waiting_as(p: Profile, other: Profile) -> None:
+    """`p` with `other`'s lock waits, its threads asleep in them as `other`'s are."""
+    p.locks = other.locks
+    for tid, th in p.threads.items():
+        th.offcpu_ns = other.threads[tid].offcpu_ns
+
+
 def test_stall_bound_threads_gain_what_the_stall_takes() -> None:
     """Half of two busy threads' samples stalled on one shared atomic: fixing it doubles them."""
     f = next(f for f in find(_stalled(0.5)) if f.id.startswith("sampled-line:"))
@@ -163,7 +201,7 @@ def test_a_lock_counts_the_stalls_on_its_own_word_once() -> None:
     the stall once."""
     wait_only = _profile(on_cpu=0.8, idle=0.0, wait=0.2)
     p = _stalled(0.1, address=wait_only.locks[0].address, function="pthread_mutex_lock")
-    p.locks = wait_only.locks
+    _waiting_as(p, wait_only)
     findings = find(p)
     lock = next(f for f in findings if f.id == "lock:biglock")
     word = next(f for f in findings if f.id.startswith("sampled-line:"))
@@ -174,7 +212,7 @@ def test_a_lock_counts_the_stalls_on_its_own_word_once() -> None:
 def test_fixes_together_compound_rather_than_add() -> None:
     """A lock wait and a line stall in the same threads: fixing both gains more than the sum."""
     p = _stalled(0.2)
-    p.locks = _profile(on_cpu=0.8, idle=0.0, wait=0.2).locks
+    _waiting_as(p, _profile(on_cpu=0.8, idle=0.0, wait=0.2))
     findings = find(p)
     each = [f.cost[GAIN_KEY] for f in findings if f.cost[GAIN_KEY] > 0]
     assert len(each) == 2
@@ -220,18 +258,38 @@ def test_exporter_serves_a_gauge_per_finding() -> None:
 
 
 def test_whatif_plan_runs_each_site_alone_then_all() -> None:
-    """baseline first (the reference), each site's fix alone, fixed last, under the demo's load."""
-    (group,) = bench_whatif.plan().groups
-    names = [v.name for v in group.variants]
-    assert names[0] == "baseline t=2" and names[-1] == "fixed t=2"
-    assert [bench_whatif.fix_of(v) for v in group.variants[1:-1]] == list(SITES)
-    assert {v.client for v in group.variants} == {bench_whatif.DEMO_CLIENT}
+    """baseline first (the reference), each site's fix alone, fixed last, under the demo's
+    load, then under the study's on servers of its own; or under one load when asked."""
+    demo, study = bench_whatif.plan().groups
+    for group, load in ((demo, "demo"), (study, "study")):
+        names = [v.name for v in group.variants]
+        assert names[0] == f"baseline t=2 {load}" and names[-1] == f"fixed t=2 {load}"
+        assert [bench_whatif.fix_of(v) for v in group.variants[1:-1]] == list(SITES)
+        assert {v.server.load for v in group.variants} == {load}
+    assert {v.client for v in demo.variants} == {bench_whatif.DEMO_CLIENT}
+    assert {v.client for v in study.variants} == {scenarios.study_client(2)}
+    assert {v.client.batch for v in study.variants} == {100} and study.variants[0].client.set_pct == 0
+    assert not {v.server for v in demo.variants} & {v.server for v in study.variants}
+    (only,) = bench_whatif.plan(loads=("study",)).groups
+    assert only == study
+
+
+def test_whatif_load_option_is_whatifs_own() -> None:
+    """`--load` goes with --scenario whatif only, and whatif takes no client settings: one
+    line each, no traceback."""
+    for args, said in (
+        (("--load", "demo"), "--load goes with --scenario whatif"),
+        (("--scenario", "whatif", "--batch-size", "8"), "chooses its own variants and loads"),
+        (("--scenario", "whatif", "--load", "nope"), "invalid choice: 'nope'"),
+    ):
+        done = kvprof("bench", *args)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_whatif_table_judges_each_prediction() -> None:
     """Predicted against the paired rounds' gain: close within max(30 %, 3 points), and an
     order the rounds contradict is named."""
-    (group,) = bench_whatif.plan().groups
+    (group,) = bench_whatif.plan(loads=("demo",)).groups
     gains = {"topkeys": 0.20, "timings": 0.00, "item-counter": 0.05, "memory-counter": 0.00, "fixed": 0.25}
     base = [100.0, 102.0, 98.0, 101.0]
     ops = {group.variants[0].name: base}
@@ -255,6 +313,10 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert rows["fixed"].rounds == pytest.approx(0.40)
     assert rows["topkeys"].measured == pytest.approx(0.18)  # not toggled: the rounds'
     assert bench_whatif.order_misses(list(rows.values())) == []
+    # the server CPU per operation the rounds saved, beside: what the fix gave the server
+    cpu = {group.variants[0].name: [800.0, 820.0], group.variants[1].name: [640.0, 656.0]}
+    rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled, cpu)}
+    assert rows["topkeys"].cpu == pytest.approx(0.25) and rows["timings"].cpu is None
     # one window something else took moves neither the gain nor its error much
     steady = bench_whatif.Toggled("x", tuple(1.0 + 0.01 * (i % 5 - 2) for i in range(40)))
     upset = bench_whatif.Toggled("x", (*steady.ratios[:-1], 9.0))
@@ -298,14 +360,14 @@ def test_predictions_and_toggled_gains_come_from_the_same_minutes(
     bench = Bench(plan, progress)
     bench.servers[base.server] = server
     try:
-        mean, toggled, last = bench_whatif.interleaved(bench, base, 2, 2, 1.0, model)
+        mean, toggled, profiles = bench_whatif.interleaved(bench, base, 2, 2, 1.0, model)
     finally:
         shutil.rmtree(bench.workdir, ignore_errors=True)
     assert len(said) == 2 and mean.gains["topkeys"] == pytest.approx(sum(said) / 2)
     assert set(mean.gains) == set(toggled) == set(bench_whatif.fixes())
     assert all(len(t.ratios) == 4 and all(r > 0 for r in t.ratios) for t in toggled.values())
     assert "block 1/2" in progress.getvalue() and "block 2/2" in progress.getvalue()
-    assert last.target.pid == server.pid and last.oncpu
+    assert len(profiles) == 2 and all(p.target.pid == server.pid and p.oncpu for p in profiles)
     assert server.stats("settings")["preset"] == "baseline"
 
 

@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from kvprof.analysis import critical
 from kvprof.analysis.findings.common import GAIN_KEY, THRESHOLDS
 from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.findings.lock_cpu import lock_addresses
@@ -118,17 +119,34 @@ def _waits(p: Profile) -> dict[str, float]:
     return out
 
 
+def asleep_share(p: Profile) -> dict[str, float]:
+    """Per thread, the share of its lock and futex waits it spent asleep. A kvs lock's wait
+    runs from the failed trylock to the acquisition: it holds the lock machinery's CPU and
+    the thread's preemptions too, which the budget has as on-CPU and runnable time already.
+    Asleep is the thread's off-CPU time less its runnable time (the offcpu collector's); a
+    thread it did not time off the CPU keeps its whole wait."""
+    if "offcpu" not in p.collectors:
+        return {}
+    out = {}
+    for tid, ns in _waits(p).items():
+        th = p.threads.get(tid)
+        if th is not None and th.offcpu_ns > 0 and ns > 0:
+            out[tid] = min(1.0, max(0.0, th.offcpu_ns - th.runnable_ns) / ns)
+    return out
+
+
 def budget(p: Profile) -> Budget:
     """Every thread's time budget over the window."""
     dur, hz = seconds(p), p.hz or HZ
     samples = _samples_by_thread(p)
     waits = _waits(p)
+    asleep = asleep_share(p)
     out = Budget()
     for tid in sorted(set(p.threads) | set(samples)):
         th = p.threads.get(tid)
         on = min(1.0, samples.get(tid, 0) / hz / dur)
         runnable = th.runnable_ns / 1e9 / dur if th else 0.0
-        busy = min(1.0, on + runnable + waits.get(tid, 0.0) / 1e9 / dur)
+        busy = min(1.0, on + runnable + waits.get(tid, 0.0) * asleep.get(tid, 1.0) / 1e9 / dur)
         out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
@@ -184,6 +202,11 @@ class Stacks:
             self.stacks.append((str(s.tid), set(names), names, s.count))
 
     @functools.cached_property
+    def asleep(self) -> dict[str, float]:
+        """Per thread, the share of its waits spent asleep (asleep_share)."""
+        return asleep_share(self._profile)
+
+    @functools.cached_property
     def lines(self) -> dict[int, dict[str, int]]:
         """The sampled registers' stalls: line -> tid -> samples (built when a lock asks)."""
         return {sl.line: sl.threads for sl in line_table(self._profile)}
@@ -217,11 +240,13 @@ def lock_lines(p: Profile, f: Finding) -> set[int]:
 
 
 def held_excess(p: Profile, f: Finding) -> dict[str, float]:
-    """Per thread, the share of the window a lock finding's lock was held beyond the critical
-    section's own work: its holds (kvcached's lock__hold, or record --hold's on a futex
-    finding's mutex) past the shortest sampled one, the lines that moved in and the hand-off.
-    The same hold the lock's ceiling comes from (kvprof.analysis.ceilings); a per-thread
-    design keeps the own work and loses the rest."""
+    """Per thread, the share of the window its holds of a lock finding's lock took beyond
+    the critical section's own work at the number of threads that held it: the lines that
+    moved in. The lock's holds are kvcached's lock__hold, or record --hold's on a futex
+    finding's mutex; the section is the one the lock's ceiling comes from
+    (kvprof.analysis.critical), and a per-thread design keeps its own work and loses the
+    rest. The section's hand-off, where two threads saturate a sleeping mutex, is the
+    waiter's time asleep: in its wait, which the fix removes already."""
     dur = seconds(p)
     if f.category == "lock":
         name = f.id.split(":", 1)[1]
@@ -229,14 +254,15 @@ def held_excess(p: Profile, f: Finding) -> dict[str, float]:
         name = f.lock
     else:
         return {}
-    if dur <= 0:
+    holds = [h for h in p.holds if h.name == name and h.acquisitions > 0]
+    if dur <= 0 or not holds:
         return {}
     out: dict[str, float] = defaultdict(float)
-    for h in p.holds:
-        if h.name != name or not h.min_ns:
-            continue
-        for tid, t in h.by_thread.items():
-            out[tid] += max(0.0, t.hold_ns - t.acquisitions * h.min_ns) / 1e9 / (h.window_s or dur)
+    for h in holds:
+        s = critical.section(h, dur, 0.0, {})  # the lines moved in need neither throughput nor busy time
+        moved = s.transfer_ns(s.holders)
+        for tid, th in h.by_thread.items():
+            out[tid] += th.acquisitions * moved / 1e9 / (h.window_s or dur)
     return dict(out)
 
 
@@ -261,8 +287,9 @@ def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[st
         for tid, row in f.per_thread.items():
             out[tid] += row.get("cpu_s_per_s", 0.0)
     elif f.category == "lock" or f.id.startswith("futex:"):
+        asleep = stacks.asleep
         for tid, row in f.per_thread.items():
-            out[tid] += row.get("wait_share", 0.0)
+            out[tid] += row.get("wait_share", 0.0) * asleep.get(tid, 1.0)
         if not cpu:
             return dict(out)
         for tid, share in stacks.cpu(f.sites, lock_only=True).items():

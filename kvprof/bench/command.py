@@ -55,6 +55,7 @@ class Options:
     revs: tuple[str, ...] = ()  # kvcached built at these git revisions, as the variants
     history: Path | None = None  # JSON lines, one per run, judged against the last runs
     results: Path | None = None  # also write the figures as a result file here (kvprof.bench.published)
+    load: str | None = None  # whatif: the one load to run (whatif.LOADS); None: every one
 
 
 DEFAULT_DURATION = 5.0
@@ -111,8 +112,12 @@ def _plan(o: Options, progress: TextIO) -> Plan:
     """The scenario's plan, or with --rev kvcached built at each revision (ValueError / BenchError)."""
     if o.scenario == scenarios.WHATIF:
         if o.against or o.revs or o.overrides.servers or o.overrides.client_changes():
-            raise ValueError("--scenario whatif chooses its own variants and load: give only -t, --runs, -d")
-        return whatif.plan(o.overrides.workers)
+            raise ValueError(
+                "--scenario whatif chooses its own variants and loads: give only -t, --runs, -d, --load"
+            )
+        return whatif.plan(o.overrides.workers, (o.load,) if o.load else whatif.LOADS)
+    if o.load:
+        raise ValueError("--load goes with --scenario whatif")
     if not o.revs:
         return scenarios.build(o.scenario, o.against, o.overrides)
     if o.scenario != scenarios.STUDY or o.against:
@@ -244,14 +249,16 @@ def run_scenario(
     lines += _targets(plan, measured)
     if recorder is not None:
         ops = {m.name: m.ops for m in measured}
+        cpu = {m.name: m.server_ns_per_op for m in measured}
         for g in plan.groups:
-            lines += ["", *whatif.render(g.variants, ops, recorder)]
+            lines += ["", *whatif.render(g.variants, ops, recorder, cpu)]
     lines += _history(o, plan, _timed_figures(measured))
     lines.append(f"wrote {output} (pyperf JSON)")
     figures = _published_figures(measured)
     if recorder is not None:
         ops = {m.name: m.ops for m in measured}
-        figures += [f for g in plan.groups for f in whatif.figures(g.variants, ops, recorder)]
+        cpu = {m.name: m.server_ns_per_op for m in measured}
+        figures += [f for g in plan.groups for f in whatif.figures(g.variants, ops, recorder, cpu)]
     lines += _publish(
         o,
         f"bench-{plan.scenario}",

@@ -31,6 +31,7 @@ class ServerConfig:
     binary: str = ""  # a kvcached built elsewhere (kvprof bench --rev); "": the normal build
     revision: str = ""  # the git revision `binary` was built at, as the user named it
     commit: str = ""  # and its commit id
+    load: str = ""  # the load it serves, where a plan runs one configuration under two (not a flag)
 
     @property
     def label(self) -> str:

@@ -36,14 +36,14 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from kvprof.bench import BenchError, published, stats, table
 from kvprof.bench.loadgen import kvload_argv
 from kvprof.bench.runner import Bench
-from kvprof.bench.scenarios import WHATIF
+from kvprof.bench.scenarios import WHATIF, study_client
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.profile import Profile
@@ -51,14 +51,14 @@ from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SE
 from kvprof.system.servers import Server, die_with_parent
 
 WORKERS = 2
-RECORD_S = 5.0  # seconds of profile the predictions come from
+RECORD_S = 4.0  # seconds of profile the predictions come from
 SETTLE_S = 1.0  # of load before the collectors attach
 ALL = "fixed"  # the preset with every site fixed, and its row
 TOLERANCE = 0.30  # a prediction is close when within this share of the measured gain...
 TOLERANCE_POINTS = 0.03  # ...or within these points of it, whichever is wider
 FIXED_MAX = 0.02  # on the fixed preset no finding should predict more
-TOGGLE_PAIRS = 150  # pairs of windows per fix on the toggled server, over all blocks
-TOGGLE_BLOCKS = 10  # profiles of baseline, each followed by every fix toggled for its share of pairs
+TOGGLE_PAIRS = 70  # pairs of windows per fix on the toggled server, over all blocks
+TOGGLE_BLOCKS = 5  # profiles of baseline, each followed by every fix toggled for its share of pairs
 ATTACH_S = 5.0  # a profile's compile and attach, for the load's length
 TOGGLE_WINDOW_S = 0.2  # the site's switch takes effect at each worker's next update
 TOGGLE_SETTLE_S = 0.05  # after a switch, before its window
@@ -67,6 +67,8 @@ IQR_SIGMAS = 2 * statistics.NormalDist().inv_cdf(0.75)  # an interquartile range
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
+DEMO, STUDY = "demo", "study"  # the loads: the demo's, and the study scenario's (kvprof.bench.scenarios)
+LOADS = (DEMO, STUDY)
 
 
 class Predicted(Protocol):
@@ -87,14 +89,26 @@ def fixes() -> dict[str, tuple[str, ...]]:
     return {**{site: (site,) for site in SITES}, ALL: SITES}
 
 
-def plan(workers: Sequence[int] | None = None) -> Plan:
-    """baseline, then each site fixed alone, then fixed, at 2 workers under the demo's load."""
+def client_of(load: str, workers: int) -> ClientConfig:
+    """kvload's settings for `load` (LOADS) against `workers` worker threads."""
+    return DEMO_CLIENT if load == DEMO else study_client(workers)
+
+
+def plan(workers: Sequence[int] | None = None, loads: Sequence[str] = LOADS) -> Plan:
+    """baseline, then each site fixed alone, then fixed, at 2 workers under each load: a
+    group per load and worker count, each on servers of its own (a load's sets would
+    change what the other reads)."""
     groups = []
-    for w in workers or (WORKERS,):
-        title = f"{w} worker{'s' if w != 1 else ''}, the demo's load ({DEMO_CLIENT.label})"
-        specs = ["baseline", *(f"baseline+{site}" for site in SITES), ALL]
-        variants = tuple(Variant(f"{s} t={w}", title, parse_server(s, w), DEMO_CLIENT) for s in specs)
-        groups.append(Group(title, variants))
+    for load in loads:
+        for w in workers or (WORKERS,):
+            client = client_of(load, w)
+            title = f"{w} worker{'s' if w != 1 else ''}, the {load}'s load ({client.label})"
+            specs = ["baseline", *(f"baseline+{site}" for site in SITES), ALL]
+            variants = tuple(
+                Variant(f"{s} t={w} {load}", title, replace(parse_server(s, w), load=load), client)
+                for s in specs
+            )
+            groups.append(Group(title, variants))
     return Plan(WHATIF, tuple(groups))
 
 
@@ -230,28 +244,28 @@ class Mean:
 
 def interleaved(
     bench: Bench, v: Variant, blocks: int, pairs: int, seconds: float, predict: Predict
-) -> tuple[Mean, dict[str, Toggled], Profile]:
+) -> tuple[Mean, dict[str, Toggled], list[Profile]]:
     """`v`'s (baseline) server under one load: `blocks` times, a profile of `seconds`, then
     every fix toggled for `pairs` pairs. The predictions and the gains they are judged
     against come from the same minutes, whatever the host did with the CPUs meanwhile.
-    Returns the mean prediction, each fix's pairs together, and the last profile."""
+    Returns the mean prediction, each fix's pairs together, and the blocks' profiles."""
     server = bench.servers[v.server]
     names = list(fixes())
     per_block = seconds + ATTACH_S + len(names) * pairs * 2 * (TOGGLE_WINDOW_S + TOGGLE_SETTLE_S + 0.01)
     load = _load(bench, v, blocks * per_block * 1.5)
     said: list[Predicted] = []
     ratios: dict[str, list[float]] = {fix: [] for fix in names}
-    profile = None
+    profiles: list[Profile] = []
     try:
         time.sleep(SETTLE_S)
         for b in range(blocks):
-            profile = profile_of(server, seconds)
-            said.append(predict(profile, fixes()))
+            profiles.append(profile_of(server, seconds))
+            said.append(predict(profiles[-1], fixes()))
+            now = {fix: toggled_fix(server, fix, pairs) for fix in names}
             for fix in names:
-                ratios[fix] += toggled_fix(server, fix, pairs).ratios
-            now = {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}
+                ratios[fix] += now[fix].ratios
             bench.say(
-                f"[toggle] {v.name}, block {b + 1}/{blocks}: "
+                f"[toggle] {v.name}, block {b + 1}/{blocks}, this block's pairs: "
                 + ", ".join(
                     f"{fix} {now[fix].gain * 100:+.1f} % (said {said[-1].gains.get(fix, 0) * 100:+.1f})"
                     for fix in names
@@ -260,8 +274,7 @@ def interleaved(
     finally:
         load.terminate()
         load.wait(10)
-    assert profile is not None
-    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profile
+    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profiles
 
 
 @dataclass
@@ -279,9 +292,9 @@ class Recorder:
     predicted: dict[str, Predicted] = field(default_factory=dict)  # variant name -> prediction
     toggled: dict[str, dict[str, Toggled]] = field(default_factory=dict)  # baseline's name -> fix -> gain
 
-    def _keep(self, v: Variant, p: Profile) -> None:
+    def _keep(self, v: Variant, p: Profile, suffix: str = "") -> None:
         if self.keep is not None:
-            p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}.json.gz"))
+            p.save(self.keep.with_name(f"{self.keep.stem}-{v.name.replace(' ', '-')}{suffix}.json.gz"))
 
     def __call__(self, bench: Bench) -> None:
         for g in bench.plan.groups:
@@ -292,7 +305,7 @@ class Recorder:
                     f"fix toggled for {self.toggle_pairs // self.blocks} pairs of {TOGGLE_WINDOW_S:g} s "
                     "windows"
                 )
-                said, toggled, p = interleaved(
+                said, toggled, profiles = interleaved(
                     bench,
                     base,
                     self.blocks,
@@ -301,7 +314,8 @@ class Recorder:
                     self.predict,
                 )
                 self.predicted[base.name], self.toggled[base.name] = said, toggled
-                self._keep(base, p)
+                for i, p in enumerate(profiles):
+                    self._keep(base, p, f"-block{i + 1}")
             for v in (fixed,) if self.toggle_pairs else (base, fixed):
                 bench.say(f"[record] {v.name}: {self.seconds:g} s under load")
                 p = record(bench, v, self.seconds)
@@ -321,6 +335,7 @@ class Check:
     rounds_spread: float  # the CV of the per-round ratios
     verdict: str  # the rounds'
     toggled: Toggled | None = None
+    cpu: float | None = None  # the rounds' server CPU per operation, the reference's over the fix's, - 1
 
     @property
     def measured(self) -> float:
@@ -347,15 +362,22 @@ def checks(
     ops: Mapping[str, Sequence[float]],
     said: Predicted,
     toggled: Mapping[str, Toggled] | None = None,
+    cpu: Mapping[str, Sequence[float]] | None = None,
 ) -> list[Check]:
-    """Each fix of a group against its reference (the group's first variant)."""
+    """Each fix of a group against its reference (the group's first variant); `cpu`: each
+    variant's server CPU ns per operation in the rounds, when known."""
     base = ops[group[0].name]
+    cpu = cpu or {}
     out = []
     for v in group[1:]:
         c = stats.compare(base, ops[v.name])
         fix = fix_of(v)
+        before, after = cpu.get(group[0].name), cpu.get(v.name)
+        less = stats.median(before) / stats.median(after) - 1 if before and after else None
         out.append(
-            Check(fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict, (toggled or {}).get(fix))
+            Check(
+                fix, said.gains.get(fix, 0.0), c.change, c.spread, c.verdict, (toggled or {}).get(fix), less
+            )
         )
     return out
 
@@ -379,15 +401,18 @@ def _pct(x: float) -> str:
 
 
 def figures(
-    group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder
+    group: Sequence[Variant],
+    ops: Mapping[str, Sequence[float]],
+    rec: Recorder,
+    cpu: Mapping[str, Sequence[float]] | None = None,
 ) -> list[published.Figure]:
-    """Each fix's predicted gain and the gain it measured (toggled, or the paired rounds'),
-    in percent, for the result file."""
+    """Each fix's predicted gain, the gain it measured (toggled, or the paired rounds') and
+    the server CPU per operation it saved in the rounds, in percent, for the result file."""
     said = rec.predicted.get(group[0].name)
     if said is None:
         return []
     out = []
-    for r in checks(group, ops, said, rec.toggled.get(group[0].name)):
+    for r in checks(group, ops, said, rec.toggled.get(group[0].name), cpu):
         how = "toggled, ±2 standard errors" if r.toggled is not None else "paired rounds, ±their CV"
         n = len(r.toggled.ratios) if r.toggled is not None else len(ops[group[0].name])
         out += [
@@ -402,17 +427,32 @@ def figures(
                 n,
             ),
         ]
+        if r.cpu is not None:
+            out.append(
+                published.Figure(
+                    f"{group[0].group}: {r.fix} server CPU per op saved (rounds' medians, "
+                    "reference / fixed - 1)",
+                    round(100 * r.cpu, 2),
+                    "%",
+                    n=len(ops[group[0].name]),
+                )
+            )
     return out
 
 
-def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Recorder) -> list[str]:
+def render(
+    group: Sequence[Variant],
+    ops: Mapping[str, Sequence[float]],
+    rec: Recorder,
+    cpu: Mapping[str, Sequence[float]] | None = None,
+) -> list[str]:
     """The predicted-vs-measured table of one group, and what it says."""
     base, fixed = group[0].name, group[-1].name
     said = rec.predicted.get(base)
     if said is None:
         return []
     toggled = rec.toggled.get(base)
-    rows = checks(group, ops, said, toggled)
+    rows = checks(group, ops, said, toggled, cpu)
     lines = [
         *table.wrap(
             f"what each fix is worth, {group[0].group}: "
@@ -422,21 +462,24 @@ def render(group: Sequence[Variant], ops: Mapping[str, Sequence[float]], rec: Re
                 f"({rec.toggle_pairs} pairs of {TOGGLE_WINDOW_S:g} s windows per fix in all, the site "
                 "switched by kvcached's `site` command; median gain ± its standard error): the prediction "
                 "is judged against the toggled gain, measured in the same minutes; the paired rounds "
-                "above beside it"
+                "above beside it, and `cpu/op`, the server CPU per operation they saved (the "
+                "reference's over the fix's - 1: what the fix gave the server, whether or not the "
+                "load used it)"
                 if toggled
                 else f"predicted from a {rec.seconds:g} s profile of {base}, measured in the paired rounds "
                 "above"
             )
         ),
-        f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'toggled':>9} {'±SE':>5}"
-        "  close (allowed)",
+        f"{'fix':<16}{'predicted':>10}{'rounds':>9}{'rCV %':>7}  {'verdict':<12}{'cpu/op':>8}{'toggled':>9}"
+        f" {'±SE':>5}  close (allowed)",
     ]
     for r in rows:
         ok = "yes" if r.close else "NO"
         t = r.toggled
         lines.append(
             f"{r.fix:<16}{_pct(r.predicted):>10}{_pct(r.rounds):>9}{r.rounds_spread * 100:7.1f}  "
-            f"{r.verdict:<12}{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
+            f"{r.verdict:<12}{_pct(r.cpu) if r.cpu is not None else '-':>8}"
+            f"{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
             f"  {ok} (±{r.allowed * 100:.1f})"
         )
     misses = order_misses(rows)

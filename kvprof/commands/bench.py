@@ -13,6 +13,7 @@ from kvprof.commands import options as options_of
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
 SCENARIOS = ("study", "loadgen", "atomics", "keycmp", "whatif", "ceiling")
+LOADS = ("demo", "study")  # kvprof.bench.whatif.LOADS, literal for the same reason
 
 HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
 
@@ -26,6 +27,7 @@ examples:
   kvprof bench -t 2 --variants fixed --connections 2,4,8  # client settings
   kvprof bench --scenario keycmp      # key comparison inlined vs through a pointer
   kvprof bench --scenario whatif      # each fix's predicted gain vs the fix itself (root)
+  kvprof bench --scenario whatif --load study   # ... under the study's load only
   kvprof bench --scenario ceiling     # ceilings predicted at 1 worker vs 2 workers (root)
   kvprof bench --scenario keycmp --instructions   # instructions/op under cachegrind
   kvprof bench --rev HEAD~1 --rev HEAD --history bench-history.jsonl
@@ -89,6 +91,11 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="for shared machines: start each run when the machine is 90 %% idle, and "
         "run it again (up to 3 times) when other processes used over 0.15 cores meanwhile",
+    )
+    p.add_argument(
+        "--load",
+        choices=LOADS,
+        help="whatif: run under this load only (default: the demo's, then the study's)",
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
     p.add_argument("--results", type=Path, metavar="DIR", help="also write a result file in DIR")
