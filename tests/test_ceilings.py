@@ -100,6 +100,20 @@ def test_a_sleeping_mutex_two_threads_saturate_pays_the_hand_off_where_it_binds(
     assert c.ceiling_ops_per_s < 1e9 / held * 0.8
 
 
+def test_threads_that_share_a_lock_above_its_convoy_figure_are_not_a_convoy() -> None:
+    """Two holders, each holding it 16 us of every 32 us on a CPU: the model alone would have
+    them saturate it and pay the hand-off, a ceiling below the OPS they serve. Serving OPS
+    says they do not: the ceiling is its own work and transfers, at or above today's."""
+    half = ACQ // 2
+    two = _hold("topkeys", 0xA0, {"11": (half, half * 16_000), "12": (half, half * 16_000)})
+    two.min_ns = 16_000
+    s = critical.section(two, SECONDS, OPS, {"11": 0.8, "12": 0.8})
+    assert s.convoyed(2) and s.ceiling_ops_per_s < OPS  # what the section alone says
+    (c,) = ceilings.lock_ceilings(_profile([two], busy=0.8), OPS)
+    assert c.busy_ns_per_op == pytest.approx(16_000)
+    assert c.ceiling_ops_per_s >= OPS
+
+
 def _section(own: float, outside: float, sleeping: bool = True) -> critical.Section:
     return critical.Section(
         "lock", 0xA0, own, 0.0, outside, 1.0, 1, critical.Costs(100.0, 20_000.0, 5_000.0), sleeping

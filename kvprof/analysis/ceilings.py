@@ -31,7 +31,7 @@ assumptions and a check against the study's numbers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvprof.analysis import critical
@@ -127,6 +127,10 @@ def lock_ceilings(p: Profile, ops: float, t: Thresholds = THRESHOLDS) -> list[Ce
         s = critical.section(h, dur, _ops_while(p, h) or ops, on_cpu, t)
         if s.acquisitions_per_op <= 0:
             continue
+        if s.holders >= 2 and s.ceiling_ops_per_s < (_ops_while(p, h) or ops):
+            # threads that already share it serve more than a convoy would: it is not handed
+            # over asleep at this count, and its ceiling is its own work and transfers
+            s = replace(s, sleeping=False)
         out.append(
             Ceiling(
                 f"{h.name} mutex",
