@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from kvprof.analysis.findings.common import THRESHOLDS
 from kvprof.bench import BenchError, published
 from kvprof.bench.placement import handoff_ns
 from kvprof.bench.whatif import ops_done, profile_of
@@ -128,13 +127,17 @@ def figures(rows: list[Row]) -> list[published.Figure]:
     return out
 
 
-def run(predict: Predict, runs: int, results: Path | None, out: TextIO = sys.stdout) -> int:
+def run(
+    predict: Predict, model: tuple[float, float], runs: int, results: Path | None, out: TextIO = sys.stdout
+) -> int:
+    """The bench; `model`: the hand-off and waking unlock (ns) the model takes, printed beside
+    this machine's."""
     rows = []
     for run_i in range(runs):
         handoff, wake = handoff_ns(HOLD_NS, HANDOFF_MS)
         print(f"ceiling: run {run_i + 1}/{runs}: a mutex's hand-off here {handoff / 1e3:.1f} us, "
-              f"waking unlock {wake / 1e3:.1f} us (the model's: {THRESHOLDS.handoff_ns / 1e3:.1f}, "
-              f"{THRESHOLDS.wake_ns / 1e3:.1f})", file=sys.stderr)  # fmt: skip
+              f"waking unlock {wake / 1e3:.1f} us (the model's: {model[0] / 1e3:.1f}, "
+              f"{model[1] / 1e3:.1f})", file=sys.stderr)  # fmt: skip
         for hold in (HOLD_NS, 0):
             print(f"ceiling: run {run_i + 1}/{runs}, hold {hold} ns: 1 worker (recorded)...", file=sys.stderr)
             one, rung = _serve(1, hold, predict)

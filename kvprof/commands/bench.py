@@ -136,6 +136,11 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "--variants", dest="servers", type=_specs, metavar="SPEC,...", help="server variants (see above)"
     )
+    _client_options(p)
+    p.set_defaults(run=_run)
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
     client = p.add_argument_group("kvload settings (comma lists make a matrix)")
     client.add_argument("--client-threads", type=_counts, metavar="N,M", help="kvload threads")
     client.add_argument(
@@ -153,7 +158,6 @@ def add_parser(commands: Any) -> None:
         "--set-pct", type=number(int, 0, 100), metavar="P", help="percentage of sets (default: 0)"
     )
     client.add_argument("--key-dist", metavar="D", help="uniform (default) or zipf:S")
-    p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -195,7 +199,7 @@ def _bench(args: argparse.Namespace) -> int:
         return fail("bench", "--requests goes with --instructions")
     if args.scenario == "ceiling":
         from kvprof.analysis.ceilings import ladder
-        from kvprof.analysis.findings import find
+        from kvprof.analysis.findings import THRESHOLDS, find
         from kvprof.bench import ceiling
         from kvprof.model.profile import Profile
 
@@ -203,7 +207,8 @@ def _bench(args: argparse.Namespace) -> int:
             rungs = ladder(p, find(p))
             return (rungs[0].resource, rungs[0].ceiling_ops_per_s) if rungs else None
 
-        return ceiling.run(first_rung, args.runs, args.results)
+        model = (THRESHOLDS.handoff_ns, THRESHOLDS.wake_ns)
+        return ceiling.run(first_rung, model, args.runs, args.results)
     if args.scenario == "whatif":
         from kvprof.analysis.findings import find
         from kvprof.analysis.whatif import predict
