@@ -114,6 +114,8 @@ int locks_on_hold(struct pt_regs *ctx)
     u64 pid_tgid = bpf_get_current_pid_tgid();
     if (!kv_is_target(pid_tgid))
         return 0;
+    /* read here, not in a helper shared with locks_on_wait_done: BCC turns each
+     * bpf_usdt_readarg into the reader of the probe enabled on the calling function */
     u64 lock = 0, name = 0, ns = 0;
     int sampled = 1;
     bpf_usdt_readarg(1, ctx, &lock);
