@@ -127,9 +127,16 @@ def spread(f: dict) -> str:
     return " ".join(parts) if parts else "-"
 
 
+# options that say only where a run wrote its files, left out of the command shown
+WHERE_WRITTEN = r"(?:-o|--out|--results)"
+
+
 def command(text: str) -> str:
     """The command as shown: `--runs=N` for `--runs N` (the same to argparse), so that a
-    run count never reads as a reference to a numbered run."""
+    run count never reads as a reference to a numbered run; without the options that say
+    where the files went, and with any other path outside the checkout as its file name."""
+    text = re.sub(rf" {WHERE_WRITTEN}[ =]\S+", "", text)
+    text = re.sub(r"(?<![\w.])/\S*/([^/\s]+)", r"\1", text)
     return re.sub(r"--runs (\d+)", r"--runs=\1", text)
 
 
