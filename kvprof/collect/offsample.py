@@ -42,15 +42,26 @@ word; so does a thread /proc says is running whose iterator shows it off the
 CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
 its kernel stack still in the futex wait and its saved registers in the call:
 woken, waiting for a CPU, which the wait lasts until (the kernel functions
-it sleeps in are told by their address ranges in /proc/kallsyms). A futex row
-stands for its share of the thread's looks (their ns) times the thread's
-time, in two strata: its looks asleep in the wait, and woken from it; each
-stratum's rows of one thread are capped at that stratum's exact total
-(schedstat: the thread's sleep, and its wait for a CPU), since a look takes a
-CPU and may find the target's threads asleep or runnable more often than they
-are. `samples` keeps how many looks stand behind each row and `sd_ns` its
-binomial standard deviation, for the report's sampling error. A thread seen
-in a lock's futex wait (asleep with the value 2, glibc's "locked, with
+it sleeps in are told by their address ranges in /proc/kallsyms).
+
+A futex row is estimated in two strata of its thread's off-CPU time, each known
+exactly from schedstat: the thread's sleep, and its wait for a CPU. The row
+stands for its share of the looks that found the thread in a stratum (their
+ns) times that stratum's total (row_estimate), never for a share of all the
+looks: a look takes a CPU, and at its instant the target's threads are off the
+CPU more often than on average. Which stratum a look counts in follows what the
+look does to the CPU it runs on: it displaces the thread that ran there
+(runnable, preempted, because of the look) and holds the threads woken there
+meanwhile (a sleep whose timer expires with the look's: asleep until then). A
+thread runnable on the look's CPU (/proc/PID/task/TID/stat's processor) counts
+in the sleep's stratum when its kernel stack is still in the sleep (woken,
+not yet run: not in PREEMPTIONS). The wait for a CPU is split by the looks that
+found the thread runnable on another CPU, and by those on the look's CPU
+(woken or preempted) only for a thread never runnable elsewhere (one CPU, or
+the others always busy). `samples` keeps how many looks stand behind each row
+and `sd_ns` its binomial standard deviation, for the report's sampling error.
+
+A thread seen in a lock's futex wait (asleep with the value 2, glibc's "locked, with
 waiters", or woken from a futex wait) is looked at OFFCPU_LOCK_HZ for
 OFFCPU_HOT_S after, the others at offcpu_hz: a lock wait is often a few per
 cent of a thread's time, and its error shrinks as the square root of the
