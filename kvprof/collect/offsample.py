@@ -712,13 +712,13 @@ class OffSampleCollector(BpfCollector):
         # exact total (schedstat): the thread's sleep, and its wait for a CPU
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
         for (tid, word, ips, why), entry in futex.items():
-            est, est_var, looks = row_estimate(
+            est, est_var, row_looks = row_estimate(
                 entry, strata.get(tid, (0, 0, 0)), asleep.get(tid, 0), runnable_ns.get(tid, 0)
             )
             w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0, 0])
             w[0] += entry[0]
             w[1] += round(est)
-            w[2] += looks
+            w[2] += row_looks
             w[3] += round(est_var)
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
