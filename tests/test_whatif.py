@@ -298,6 +298,11 @@ def test_whatif_plan_runs_each_site_alone_then_all() -> None:
     assert not {v.server for v in demo.variants} & {v.server for v in study.variants}
     (only,) = bench_whatif.plan(loads=("study",)).groups
     assert only == study
+    # on request, the demo's requests from two kvload threads, the connections split between them
+    (two,) = bench_whatif.plan(loads=("demo2",)).groups
+    client = two.variants[0].client
+    assert (client.threads, client.total_connections) == (2, bench_whatif.DEMO_CLIENT.total_connections)
+    assert client.batch == bench_whatif.DEMO_CLIENT.batch and "demo2" not in bench_whatif.LOADS
 
 
 def test_whatif_load_option_is_whatifs_own() -> None:

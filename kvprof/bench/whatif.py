@@ -68,8 +68,15 @@ IQR_SIGMAS = 2 * statistics.NormalDist().inv_cdf(0.75)  # an interquartile range
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
-DEMO, STUDY = "demo", "study"  # the loads: the demo's, and the study scenario's (kvprof.bench.scenarios)
-LOADS = (DEMO, STUDY)
+# the same requests from two kvload threads: a client that is not the loop's next bottleneck
+DEMO2_CLIENT = replace(DEMO_CLIENT, threads=2, connections=LOAD_CONNECTIONS // 2)
+DEMO, STUDY, DEMO2 = (
+    "demo",
+    "study",
+    "demo2",
+)  # the demo's load, the study scenario's, the demo's from 2 threads
+LOADS = (DEMO, STUDY)  # what the bench runs unless told (--load chooses one of CHOICES)
+CHOICES = (DEMO, STUDY, DEMO2)
 
 
 class Predicted(Protocol):
@@ -93,8 +100,8 @@ def fixes() -> dict[str, tuple[str, ...]]:
 
 
 def client_of(load: str, workers: int) -> ClientConfig:
-    """kvload's settings for `load` (LOADS) against `workers` worker threads."""
-    return DEMO_CLIENT if load == DEMO else study_client(workers)
+    """kvload's settings for `load` (CHOICES) against `workers` worker threads."""
+    return {DEMO: DEMO_CLIENT, DEMO2: DEMO2_CLIENT}.get(load) or study_client(workers)
 
 
 def plan(workers: Sequence[int] | None = None, loads: Sequence[str] = LOADS) -> Plan:
