@@ -13,7 +13,8 @@ machinery at the calls that take a lock (a lock-CPU finding: a fix that takes
 it far less often does not run it), the CPU of a function whose
 shared cache line bounced, or the CPU samples stalled on an atomic write to
 a contended line. A per-thread design still does the work itself; only that
-excess goes.
+excess goes. `breakdown` gives those parts apart (PARTS), and the CPU per
+request they save: all of them but the waits are CPU.
 
 A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
@@ -24,7 +25,10 @@ gain is b x r / (1 - r): all of it when b = 1, about nothing when it mostly
 waits. The target's gain is the mean of its threads' gains
 weighted by their busy time (the work each serves). Several fixes remove the
 sum of their times from each thread before the formula is applied, so gains
-compound rather than add.
+compound rather than add. The target's threads are taken for the loop's
+bottleneck while busy: a client that is close to saturation itself (which
+a profile of the target does not see) takes over after a small gain, and
+then this is an upper bound.
 
 Time kvprof's own probes spent in the target (samples in the kernel's uprobe
 handling) is left out of what a fix removes: the unprofiled target never
