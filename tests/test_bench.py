@@ -249,7 +249,7 @@ def test_cli_scenarios_match() -> None:
     from kvprof.commands import bench
 
     assert bench.SCENARIOS == scenarios.SCENARIOS
-    assert bench.LOADS == whatif.LOADS
+    assert bench.LOADS == whatif.CHOICES
 
 
 def test_parse_memcaslap() -> None:

@@ -16,7 +16,17 @@ import pytest
 from support import exposition, kvload, kvprof, record
 
 from kvprof.analysis import find
-from kvprof.analysis.whatif import GAIN_KEY, budget, gain_if_all_fixed, gain_if_fixed, held_excess, predict
+from kvprof.analysis.whatif import (
+    GAIN_KEY,
+    HELD,
+    WAITS,
+    breakdown,
+    budget,
+    gain_if_all_fixed,
+    gain_if_fixed,
+    held_excess,
+    predict,
+)
 from kvprof.bench import BenchError, scenarios
 from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.runner import Bench
@@ -189,6 +199,22 @@ def _waiting_as(p: Profile, other: Profile) -> None:
         th.offcpu_ns = other.threads[tid].offcpu_ns
 
 
+def test_the_breakdown_names_each_part_and_the_cpu_a_fix_saves() -> None:
+    """A lock waited on 20 % of two threads' time, its holds 1 % past their own work: the
+    breakdown has the wait and the excess apart, and the CPU per request saved counts the
+    excess alone (a wait is not CPU): 0.01 / (0.8 - 0.01)."""
+    p = _profile(on_cpu=0.8, idle=0.0, wait=0.2)
+    lock = next(f for f in find(p) if f.id == "lock:biglock")
+    two = {tid: ThreadHolds(1_000_000, 300_000_000) for tid in (T0, T1)}
+    p.holds = [LockHold("biglock", 0x1000, 2_000_000, 600_000_000, 200, 200, two)]
+    said = breakdown(p, [lock])
+    assert said.parts[WAITS] == pytest.approx(0.2, rel=0.02)
+    assert said.parts[HELD] == pytest.approx(0.01, rel=0.02)
+    assert said.cpu_saved == pytest.approx(0.01 / 0.79, rel=0.02)
+    prediction = predict(p, [lock], {"biglock": (lock.hotspot,)})
+    assert prediction.parts["biglock"] == said.parts and prediction.cpu_saved["biglock"] == said.cpu_saved
+
+
 def test_stall_bound_threads_gain_what_the_stall_takes() -> None:
     """Half of two busy threads' samples stalled on one shared atomic: fixing it doubles them."""
     f = next(f for f in find(_stalled(0.5)) if f.id.startswith("sampled-line:"))
@@ -272,6 +298,11 @@ def test_whatif_plan_runs_each_site_alone_then_all() -> None:
     assert not {v.server for v in demo.variants} & {v.server for v in study.variants}
     (only,) = bench_whatif.plan(loads=("study",)).groups
     assert only == study
+    # on request, the demo's requests from two kvload threads, the connections split between them
+    (two,) = bench_whatif.plan(loads=("demo2",)).groups
+    client = two.variants[0].client
+    assert (client.threads, client.total_connections) == (2, bench_whatif.DEMO_CLIENT.total_connections)
+    assert client.batch == bench_whatif.DEMO_CLIENT.batch and "demo2" not in bench_whatif.LOADS
 
 
 def test_whatif_load_option_is_whatifs_own() -> None:
@@ -321,6 +352,21 @@ def test_whatif_table_judges_each_prediction() -> None:
     steady = bench_whatif.Toggled("x", tuple(1.0 + 0.01 * (i % 5 - 2) for i in range(40)))
     upset = bench_whatif.Toggled("x", (*steady.ratios[:-1], 9.0))
     assert upset.gain == pytest.approx(steady.gain) and upset.error < 2 * steady.error
+    # what each prediction removes, part by part, beside the CPU per op toggling saved
+    prediction.parts = {"fixed": {"lock waits": 0.1, "shared counter CPU": 0.0}}
+    prediction.cpu_saved = {"fixed": 0.125}
+    toggled["fixed"] = bench_whatif.Toggled("fixed", toggled["fixed"].ratios, (1.2, 1.1, 1.1))
+    rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled)}
+    base = group.variants[0].name
+    rec = bench_whatif.Recorder(predict=lambda p, f: prediction, predicted={base: prediction})
+    rec.toggled[base] = toggled
+    text = " ".join(bench_whatif.render(group.variants, ops, rec))  # wrapped at 80 columns
+    said = "fixed removes: lock waits 10.0 %; server CPU per op saved: predicted +12.5 %, toggled +10.0 %"
+    assert said in text
+    assert "timings removes" not in text  # nothing to break down
+    names = {f.name: f.value for f in bench_whatif.figures(group.variants, ops, rec)}
+    assert names[f"{group.title}: fixed server CPU per op saved, predicted"] == 12.5
+    assert rows["fixed"].toggled is not None and rows["fixed"].toggled.cpu_saved == pytest.approx(0.1)
 
 
 def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., Server]) -> None:
@@ -330,6 +376,7 @@ def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., 
     with kvload(server, 60):
         got = bench_whatif.toggled_fix(server, "topkeys", 4, window=0.1, settle=0.01)
         assert got.fix == "topkeys" and len(got.ratios) == 4 and all(r > 0 for r in got.ratios)
+        assert len(got.cpu_ratios) == 4 and all(r > 0 for r in got.cpu_ratios)  # the server's CPU per op
         assert server.stats("settings")["update_topkeys"] == "shared"
         everything = bench_whatif.toggled_fix(server, bench_whatif.ALL, 2, window=0.1, settle=0.01)
         assert len(everything.ratios) == 2 and server.stats("settings")["preset"] == "baseline"

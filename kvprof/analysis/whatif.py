@@ -13,7 +13,8 @@ machinery at the calls that take a lock (a lock-CPU finding: a fix that takes
 it far less often does not run it), the CPU of a function whose
 shared cache line bounced, or the CPU samples stalled on an atomic write to
 a contended line. A per-thread design still does the work itself; only that
-excess goes.
+excess goes. `breakdown` gives those parts apart (PARTS), and the CPU per
+request they save: all of them but the waits are CPU.
 
 A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
@@ -24,7 +25,10 @@ gain is b x r / (1 - r): all of it when b = 1, about nothing when it mostly
 waits. The target's gain is the mean of its threads' gains
 weighted by their busy time (the work each serves). Several fixes remove the
 sum of their times from each thread before the formula is applied, so gains
-compound rather than add.
+compound rather than add. The target's threads are taken for the loop's
+bottleneck while busy: a client that is close to saturation itself (which
+a profile of the target does not see) takes over after a small gain, and
+then this is an upper bound.
 
 Time kvprof's own probes spent in the target (samples in the kernel's uprobe
 handling) is left out of what a fix removes: the unprofiled target never
@@ -277,44 +281,73 @@ def modelled(f: Finding) -> bool:
     return f.category in ("lock", "cacheline") or f.id.startswith("futex:")
 
 
-def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[str, float]:
-    """Per thread, the share of the wall time fixing `f` would remove (without `cpu`, a
-    lock's or futex's wait alone: its lock-CPU finding has the CPU of its machinery)."""
-    out: dict[str, float] = defaultdict(float)
+# what a fix removes, part by part (`removed_parts`); every part but WAITS is the target's CPU
+WAITS = "lock waits"  # asleep on a contended lock or futex
+MACHINERY = "contended lock CPU"  # the futex calls and wake-ups only a contended lock runs
+WORD = "lock word stalls"  # stalled on the lock word's line, which another core took last
+HELD = "held beyond own work"  # the lines that moved into the critical section
+LOCK_MACHINERY = "lock CPU"  # a lock-CPU finding's machinery at the calls that take the lock
+LINE_STALLS = "line stalls"  # the sampled registers' stalls on a contended line
+COUNTER = "shared counter CPU"  # the CPU of a function whose shared line bounced
+PARTS = (WAITS, MACHINERY, WORD, HELD, LOCK_MACHINERY, LINE_STALLS, COUNTER)
+
+
+def _lock_parts(p: Profile, f: Finding, stacks: Stacks, cpu: bool) -> dict[str, dict[str, float]]:
+    """A lock or futex finding's parts (without `cpu`, its wait alone)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    asleep = stacks.asleep
+    for tid, row in f.per_thread.items():
+        out[WAITS][tid] += row.get("wait_share", 0.0) * asleep.get(tid, 1.0)
+    if not cpu:
+        return out
+    for tid, share in stacks.cpu(f.sites, lock_only=True).items():
+        out[MACHINERY][tid] += share
+    # taking a lock another core took last stalls on its word's line: the sampled
+    # registers' stalls there (the `sampled-line` finding of that word)
+    for line in lock_lines(p, f):
+        for tid, n in stacks.lines.get(line, {}).items():
+            out[WORD][tid] += n * stacks.per_s
+    for tid, share in held_excess(p, f).items():
+        out[HELD][tid] += share
+    return out
+
+
+def removed_parts(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[str, dict[str, float]]:
+    """Per part of PARTS, per thread, the share of the wall time fixing `f` would remove
+    (without `cpu`, a lock's or futex's wait alone: its lock-CPU finding has the CPU of its
+    machinery)."""
     if f.id.startswith(LOCK_CPU):
         # the lock machinery's CPU at the calls that take it: a fix that takes it less
         # often, or not at all, does not run it
-        for tid, row in f.per_thread.items():
-            out[tid] += row.get("cpu_s_per_s", 0.0)
-    elif f.category == "lock" or f.id.startswith("futex:"):
-        asleep = stacks.asleep
-        for tid, row in f.per_thread.items():
-            out[tid] += row.get("wait_share", 0.0) * asleep.get(tid, 1.0)
-        if not cpu:
-            return dict(out)
-        for tid, share in stacks.cpu(f.sites, lock_only=True).items():
-            out[tid] += share
-        # taking a lock another core took last stalls on its word's line: the sampled
-        # registers' stalls there (the `sampled-line` finding of that word)
-        for line in lock_lines(p, f):
-            for tid, n in stacks.lines.get(line, {}).items():
-                out[tid] += n * stacks.per_s
-        for tid, share in held_excess(p, f).items():
-            out[tid] += share
-    elif f.id.startswith("sampled-line:"):
+        return {LOCK_MACHINERY: {tid: row.get("cpu_s_per_s", 0.0) for tid, row in f.per_thread.items()}}
+    if f.category == "lock" or f.id.startswith("futex:"):
+        return _lock_parts(p, f, stacks, cpu)
+    if f.id.startswith("sampled-line:"):
         hz, dur = p.hz or HZ, seconds(p)
-        for tid, row in f.per_thread.items():
-            out[tid] += row.get("samples", 0.0) / hz / dur
-    elif f.category == "cacheline" and f.cost.get("writers", 2.0) != 1.0:
+        return {LINE_STALLS: {tid: row.get("samples", 0.0) / hz / dur for tid, row in f.per_thread.items()}}
+    if f.category == "cacheline" and f.cost.get("writers", 2.0) != 1.0:
         # the CPU samples in the function see the stall. Without them, each transfer stalls
         # the writer for a round trip; but only an unsampled probe counts transfers between
         # consecutive updates: a sampled one's are between sampled updates, N updates apart,
         # and say that the line moved at some point in between, not how often.
         if p.oncpu:
-            out.update(stacks.cpu(f.sites or [f.where], lock_only=False))
-        elif f.cost.get("sample_rate", 1.0) <= 1.0:
-            for tid, row in f.per_thread.items():
-                out[tid] = row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
+            return {COUNTER: stacks.cpu(f.sites or [f.where], lock_only=False)}
+        if f.cost.get("sample_rate", 1.0) <= 1.0:
+            return {
+                COUNTER: {
+                    tid: row.get("transfers_per_s", 0.0) * THRESHOLDS.transfer_ns * 1e-9
+                    for tid, row in f.per_thread.items()
+                }
+            }
+    return {}
+
+
+def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[str, float]:
+    """Per thread, the share of the wall time fixing `f` would remove: its parts summed."""
+    out: dict[str, float] = defaultdict(float)
+    for part in removed_parts(p, f, stacks, cpu).values():
+        for tid, share in part.items():
+            out[tid] += share
     return dict(out)
 
 
@@ -333,20 +366,54 @@ def annotate(p: Profile, findings: list[Finding]) -> list[Finding]:
     return findings
 
 
-def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
-    """The gain of fixing `findings` together: their removed times summed per thread."""
-    b, stacks = budget(p), Stacks(p)
+def _parts_together(p: Profile, findings: list[Finding], stacks: Stacks) -> dict[str, dict[str, float]]:
+    """Per part, per thread, what fixing `findings` together removes (each time counted once)."""
     words = {line for f in findings for line in lock_lines(p, f)}
     cpu_words = {line for f in findings if f.id.startswith(LOCK_CPU) for line in lock_lines(p, f)}
-    total: dict[str, float] = defaultdict(float)
+    total: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for f in findings:
         if _line_of(f) in words:
             continue  # a lock word's stalls: in its lock's finding
         # a lock whose machinery's CPU a lock-CPU finding has: its wait alone
         cpu = f.id.startswith(LOCK_CPU) or not lock_lines(p, f) & cpu_words
-        for tid, r in removed(p, f, stacks, cpu).items():
+        for name, part in removed_parts(p, f, stacks, cpu).items():
+            for tid, r in part.items():
+                total[name][tid] += r
+    return total
+
+
+def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
+    """The gain of fixing `findings` together: their removed times summed per thread."""
+    total: dict[str, float] = defaultdict(float)
+    for part in _parts_together(p, findings, Stacks(p)).values():
+        for tid, r in part.items():
             total[tid] += r
-    return gain(b, total)
+    return gain(budget(p), total)
+
+
+@dataclass
+class Breakdown:
+    """What fixing some findings together removes, part by part."""
+
+    parts: dict[str, float]  # PARTS -> share of the target's threads' wall time, weighted by busy time
+    cpu_saved: float  # the target's CPU the fix saves over what it still spends (reference / fixed - 1)
+
+
+def breakdown(p: Profile, findings: list[Finding]) -> Breakdown:
+    """What fixing `findings` together removes: each part's share of the wall time of the
+    target's threads, their mean weighted by busy time (as the gain weighs them), and the
+    CPU per request it saves, as a benchmark measures it (every part but the waits is CPU)."""
+    b = budget(p)
+    busy = sum(t.busy for t in b.threads.values())
+    together = _parts_together(p, findings, Stacks(p))
+    parts = {
+        name: sum(b.threads[t].busy * r for t, r in together[name].items() if t in b.threads) / busy
+        for name in PARTS
+        if name in together and busy > 0
+    }
+    cpu = sum(r for name, part in together.items() if name != WAITS for r in part.values())
+    on = sum(t.on_cpu for t in b.threads.values())
+    return Breakdown(parts, cpu / (on - cpu) if on > cpu > 0 else 0.0)
 
 
 def gain_if_all_fixed(p: Profile, findings: list[Finding]) -> float:
@@ -363,12 +430,15 @@ class Prediction:
     largest_id: str
     busy_share: float
     pace: str
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # fix -> what it removes, by part
+    cpu_saved: dict[str, float] = field(default_factory=dict)  # fix -> the CPU per request it saves
 
 
 def predict(p: Profile, findings: list[Finding], fixes: Mapping[str, Collection[str]]) -> Prediction:
     """The gain of each fix, a fix being the catalog entries (hotspot ids) it removes."""
     b = budget(p)
     top = max(findings, key=lambda f: f.cost.get(GAIN_KEY, 0.0), default=None)
+    said = {fix: breakdown(p, [f for f in findings if f.hotspot in ids]) for fix, ids in fixes.items()}
     return Prediction(
         gains={
             fix: gain_if_fixed(p, [f for f in findings if f.hotspot in ids]) for fix, ids in fixes.items()
@@ -377,4 +447,6 @@ def predict(p: Profile, findings: list[Finding], fixes: Mapping[str, Collection[
         largest_id=top.id if top is not None else "",
         busy_share=b.busy_share,
         pace=b.pace,
+        parts={fix: d.parts for fix, d in said.items()},
+        cpu_saved={fix: d.cpu_saved for fix, d in said.items()},
     )

@@ -29,6 +29,20 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_run_ns(pid: int) -> int:
+    """ns its threads ran on a CPU, from each /proc/PID/task/TID/schedstat (finer than
+    process_cpu_s's clock ticks, for windows of a fraction of a second); threads that
+    end meanwhile drop out."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended
+    return total
+
+
 @dataclass(frozen=True)
 class CpuTimes:
     """The whole machine's CPU seconds since boot, from /proc/stat's first line."""

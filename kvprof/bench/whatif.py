@@ -42,6 +42,7 @@ from typing import Protocol
 
 from kvprof.bench import BenchError, published, stats, table
 from kvprof.bench.loadgen import kvload_argv
+from kvprof.bench.machine import process_run_ns
 from kvprof.bench.runner import Bench
 from kvprof.bench.scenarios import WHATIF, study_client
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
@@ -67,8 +68,15 @@ IQR_SIGMAS = 2 * statistics.NormalDist().inv_cdf(0.75)  # an interquartile range
 # the demo's load (kvprof.system.demo) with its 64-256-byte values at their mean size
 DEMO_VALUE_SIZE = 160
 DEMO_CLIENT = ClientConfig(KVLOAD, 1, LOAD_CONNECTIONS, LOAD_BATCH, LOAD_ITEMS, DEMO_VALUE_SIZE, LOAD_SET_PCT)
-DEMO, STUDY = "demo", "study"  # the loads: the demo's, and the study scenario's (kvprof.bench.scenarios)
-LOADS = (DEMO, STUDY)
+# the same requests from two kvload threads: a client that is not the loop's next bottleneck
+DEMO2_CLIENT = replace(DEMO_CLIENT, threads=2, connections=LOAD_CONNECTIONS // 2)
+DEMO, STUDY, DEMO2 = (
+    "demo",
+    "study",
+    "demo2",
+)  # the demo's load, the study scenario's, the demo's from 2 threads
+LOADS = (DEMO, STUDY)  # what the bench runs unless told (--load chooses one of CHOICES)
+CHOICES = (DEMO, STUDY, DEMO2)
 
 
 class Predicted(Protocol):
@@ -79,6 +87,8 @@ class Predicted(Protocol):
     largest_id: str
     busy_share: float
     pace: str
+    parts: dict[str, dict[str, float]]  # fix -> what it removes, part by part (share of busy time)
+    cpu_saved: dict[str, float]  # fix -> the server CPU per operation it saves (0.2: 20 % less)
 
 
 Predict = Callable[[Profile, dict[str, tuple[str, ...]]], Predicted]
@@ -90,8 +100,8 @@ def fixes() -> dict[str, tuple[str, ...]]:
 
 
 def client_of(load: str, workers: int) -> ClientConfig:
-    """kvload's settings for `load` (LOADS) against `workers` worker threads."""
-    return DEMO_CLIENT if load == DEMO else study_client(workers)
+    """kvload's settings for `load` (CHOICES) against `workers` worker threads."""
+    return {DEMO: DEMO_CLIENT, DEMO2: DEMO2_CLIENT}.get(load) or study_client(workers)
 
 
 def plan(workers: Sequence[int] | None = None, loads: Sequence[str] = LOADS) -> Plan:
@@ -161,10 +171,17 @@ class Toggled:
 
     fix: str
     ratios: tuple[float, ...]  # per-thread / shared ops/s, pair by pair
+    cpu_ratios: tuple[float, ...] = ()  # shared / per-thread server CPU per operation, pair by pair
 
     @property
     def gain(self) -> float:
         return stats.median(self.ratios) - 1
+
+    @property
+    def cpu_saved(self) -> float | None:
+        """The server CPU per operation the fix saved in the same windows (shared over
+        per-thread - 1), when measured."""
+        return stats.median(self.cpu_ratios) - 1 if self.cpu_ratios else None
 
     @property
     def error(self) -> float:
@@ -199,24 +216,28 @@ def toggled_fix(
     """`fix` (a site's flag, or ALL) on a server that runs under load: `pairs` pairs of
     `window`-second windows, A B / B A, per-thread against shared; shared again after."""
     site = "all" if fix == ALL else fix
-    ratios = []
+    ratios, cpu_ratios = [], []
     with socket.create_connection((server.host, server.port), timeout=5) as conn:
         _switch(conn, site, "shared")  # a kvcached that cannot switch it says so here
         try:
             for i in range(pairs):
-                rate = {}
+                rate, cpu = {}, {}
                 for fixed in (False, True) if i % 2 == 0 else (True, False):
                     _switch(conn, site, "per-thread" if fixed else "shared")
                     time.sleep(settle)
-                    ops0, t0 = ops_done(server), time.monotonic()
+                    ops0, ns0, t0 = ops_done(server), process_run_ns(server.pid), time.monotonic()
                     time.sleep(window)
-                    rate[fixed] = (ops_done(server) - ops0) / (time.monotonic() - t0)
+                    ops = ops_done(server) - ops0
+                    rate[fixed] = ops / (time.monotonic() - t0)
+                    cpu[fixed] = (process_run_ns(server.pid) - ns0) / ops if ops > 0 else 0.0
                 if rate[False] <= 0:
                     raise BenchError(f"{server.address} served nothing in a window: the load stopped")
                 ratios.append(rate[True] / rate[False])
+                if cpu[True] > 0:
+                    cpu_ratios.append(cpu[False] / cpu[True])
         finally:
             _switch(conn, site, "shared")
-    return Toggled(fix, tuple(ratios))
+    return Toggled(fix, tuple(ratios), tuple(cpu_ratios))
 
 
 @dataclass
@@ -229,6 +250,8 @@ class Mean:
     largest_id: str
     busy_share: float
     pace: str
+    parts: dict[str, dict[str, float]]
+    cpu_saved: dict[str, float]
 
     @classmethod
     def of(cls, said: Sequence[Predicted]) -> Mean:
@@ -239,6 +262,16 @@ class Mean:
             largest_id=top.largest_id,
             busy_share=statistics.fmean(p.busy_share for p in said),
             pace=statistics.mode(p.pace for p in said),
+            parts={
+                fix: {
+                    part: statistics.fmean(p.parts.get(fix, {}).get(part, 0.0) for p in said)
+                    for part in dict.fromkeys(k for p in said for k in p.parts.get(fix, {}))
+                }
+                for fix in said[0].parts
+            },
+            cpu_saved={
+                fix: statistics.fmean(p.cpu_saved.get(fix, 0.0) for p in said) for fix in said[0].cpu_saved
+            },
         )
 
 
@@ -255,6 +288,7 @@ def interleaved(
     load = _load(bench, v, blocks * per_block * 1.5)
     said: list[Predicted] = []
     ratios: dict[str, list[float]] = {fix: [] for fix in names}
+    cpu: dict[str, list[float]] = {fix: [] for fix in names}
     profiles: list[Profile] = []
     try:
         time.sleep(SETTLE_S)
@@ -264,6 +298,7 @@ def interleaved(
             now = {fix: toggled_fix(server, fix, pairs) for fix in names}
             for fix in names:
                 ratios[fix] += now[fix].ratios
+                cpu[fix] += now[fix].cpu_ratios
             bench.say(
                 f"[toggle] {v.name}, block {b + 1}/{blocks}, this block's pairs: "
                 + ", ".join(
@@ -274,7 +309,8 @@ def interleaved(
     finally:
         load.terminate()
         load.wait(10)
-    return Mean.of(said), {fix: Toggled(fix, tuple(r)) for fix, r in ratios.items()}, profiles
+    toggled = {fix: Toggled(fix, tuple(r), tuple(cpu[fix])) for fix, r in ratios.items()}
+    return Mean.of(said), toggled, profiles
 
 
 @dataclass
@@ -437,6 +473,45 @@ def figures(
                     n=len(ops[group[0].name]),
                 )
             )
+        out += _part_figures(group[0].group, r, said)
+    return out
+
+
+def _part_figures(group: str, r: Check, said: Predicted) -> list[published.Figure]:
+    """What the prediction of `r` removes, part by part, and the server CPU per operation
+    it saves against the toggled windows' (the same server, the same minutes)."""
+    out = [
+        published.Figure(f"{group}: {r.fix} predicted removes {part} (share of busy threads' time)",
+                         round(100 * v, 2), "%")
+        for part, v in said.parts.get(r.fix, {}).items()
+    ]  # fmt: skip
+    if r.fix in said.cpu_saved:
+        out.append(published.Figure(f"{group}: {r.fix} server CPU per op saved, predicted",
+                                    round(100 * said.cpu_saved[r.fix], 2), "%"))  # fmt: skip
+    t = r.toggled
+    if t is not None and t.cpu_saved is not None:
+        name = (
+            f"{group}: {r.fix} server CPU per op saved, toggled (the pairs' median, shared / per-thread - 1)"
+        )
+        out.append(published.Figure(name, round(100 * t.cpu_saved, 2), "%", n=len(t.cpu_ratios)))
+    return out
+
+
+def _part_lines(rows: Sequence[Check], said: Predicted) -> list[str]:
+    """What each prediction removes, part by part (the busy threads' share of the wall
+    time), and the server CPU per operation it saves, predicted against toggled."""
+    out = []
+    for r in rows:
+        parts = {k: v for k, v in said.parts.get(r.fix, {}).items() if v}
+        if not parts:
+            continue
+        saved = r.toggled.cpu_saved if r.toggled is not None else None
+        out += table.wrap(
+            f"{r.fix} removes: "
+            + ", ".join(f"{k} {v * 100:.1f} %" for k, v in parts.items())
+            + f"; server CPU per op saved: predicted {_pct(said.cpu_saved.get(r.fix, 0.0))}"
+            + (f", toggled {_pct(saved)}" if saved is not None else "")
+        )
     return out
 
 
@@ -482,6 +557,7 @@ def render(
             f"{_pct(t.gain) if t else '-':>9} {f'{t.error * 100:.1f}' if t else '-':>5}"
             f"  {ok} (±{r.allowed * 100:.1f})"
         )
+    lines += _part_lines(rows, said)
     misses = order_misses(rows)
     lines.append(
         "order of the single fixes, where the measured gains differ by more than their spreads together: "

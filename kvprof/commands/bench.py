@@ -13,7 +13,7 @@ from kvprof.commands import options as options_of
 # kvprof.bench.scenarios.SCENARIOS (tests check they agree): kept literal so
 # that building the parser imports nothing but the standard library.
 SCENARIOS = ("study", "loadgen", "atomics", "keycmp", "whatif", "ceiling")
-LOADS = ("demo", "study")  # kvprof.bench.whatif.LOADS, literal for the same reason
+LOADS = ("demo", "study", "demo2")  # kvprof.bench.whatif.CHOICES, literal for the same reason
 
 HELP = "benchmark kvcached presets with statistics (pyperf JSON, ratios, verdicts)"
 
@@ -95,7 +95,8 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "--load",
         choices=LOADS,
-        help="whatif: run under this load only (default: the demo's, then the study's)",
+        help="whatif: run under this load only (default: the demo's, then the study's; demo2: the "
+        "demo's requests from two kvload threads)",
     )
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: bench-<scenario>.json")
     p.add_argument("--results", type=Path, metavar="DIR", help="also write a result file in DIR")
