@@ -9,6 +9,7 @@ socket), threads and requests.
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 import time
@@ -494,21 +495,30 @@ def _functions_section(profile: Profile, top: int) -> list[str]:
     return out
 
 
-def _lock_line(lr: LockRow) -> str:
+LOCK_NAME = (13, 27)  # the LOCKS table's lock column: its narrowest and widest
+
+
+def _lock_line(lr: LockRow, name_width: int) -> str:
     err = "" if lr.wait_ms_per_s_err90 is None else "±" + _n(lr.wait_ms_per_s_err90)
     return (
-        f"{_fit(lr.name, 13):<14}{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}{err:>7}"
-        f"{'-' if lr.max_ms is None else _n(lr.max_ms):>8}{lr.threads:>4}  " + _fit(lr.call_site, WIDTH - 55)
+        f"{_fit(lr.name, name_width):<{name_width + 1}}"
+        f"{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}{err:>7}"
+        f"{'-' if lr.max_ms is None else _n(lr.max_ms):>8}{lr.threads:>4}  "
+        + _fit(lr.call_site, WIDTH - 42 - name_width)
     )
 
 
 def _locks_section(profile: Profile) -> list[str]:
+    """The LOCKS table, its lock column as wide as its longest name within LOCK_NAME (two
+    heap addresses differ in their last digits)."""
+    rows = lock_rows(profile)
+    width = min(max([LOCK_NAME[0], *(len(r.name) for r in rows)]), LOCK_NAME[1])
     return _table(
         "LOCKS (contended acquisitions only; ±: a sampled wait's 90 % interval)",
-        f"{'lock':<14}{'waits/s':>10}{'wait ms/s':>11}{'±90%':>7}{'max ms':>8}{'thr':>4}  call site",
+        f"{'lock':<{width + 1}}{'waits/s':>10}{'wait ms/s':>11}{'±90%':>7}{'max ms':>8}{'thr':>4}  call site",
         "no contended lock",
-        lock_rows(profile),
-        _lock_line,
+        rows,
+        functools.partial(_lock_line, name_width=width),
     )
 
 
