@@ -8,8 +8,8 @@ For each target, --runs times:
 2. start `bpftrace bench/lockwait.bt PID` and wait for its first line: it
    times every switch-out of a thread asleep in glibc's lock wait
    (FUTEX_WAIT with the value 2, __lll_lock_wait's call) until the thread is
-   back on a CPU, and the part of it asleep (until its wake-up), and prints the
-   cumulative sums with the kernel's monotonic clock every 100 ms;
+   back on a CPU, and prints the cumulative sum with the kernel's monotonic
+   clock every 100 ms;
 3. `kvprof record -p PID -d D` (with `--offcpu-hz 0`: every switch timed; or the
    default, sampled), then stop bpftrace;
 4. cut bpftrace's cumulative sum at the recording's window (its start and
@@ -89,11 +89,10 @@ def target_command(name: str, build_dir: Path) -> list[str]:
     return [str(binary), "600"]
 
 
-def cumulative(lines: list[str], column: int = 2) -> tuple[list[int], list[int]]:
-    """bpftrace's "T ktime_ns wait_ns waits asleep_ns" lines as (times, the cumulative
-    figure of that column: 2 the wait ns, 4 its ns asleep)."""
+def cumulative(lines: list[str]) -> tuple[list[int], list[int]]:
+    """bpftrace's "T ktime_ns wait_ns waits" lines as (times, cumulative wait ns)."""
     rows = [line.split() for line in lines if line.startswith("T ")]
-    return [int(r[1]) for r in rows], [int(r[column]) for r in rows]
+    return [int(r[1]) for r in rows], [int(r[2]) for r in rows]
 
 
 def at(times: list[int], values: list[int], t: float) -> float:
@@ -146,15 +145,12 @@ def one_run(target: str, mode: str, duration: float, work: Path, extra: list[str
         t0 = (profile.window.start - offset) * 1e9
         t1 = t0 + profile.window.duration_s * 1e9
         exact = at(times, values, t1) - at(times, values, t0)
-        _, slept = cumulative(out.read_text().splitlines(), 4)
-        asleep = at(times, slept, t1) - at(times, slept, t0)
         ns, err = kvprof_locks(profile)
         return {
             "target": target,
             "mode": mode,
             "window_s": profile.window.duration_s,
             "bpftrace_s": round(exact / 1e9, 4),
-            "bpftrace_asleep_s": round(asleep / 1e9, 4),
             "kvprof_s": round(ns / 1e9, 4),
             "kvprof_err90_s": None if err is None else round(err / 1e9, 4),
             "ratio": round(ns / exact, 4) if exact else None,

@@ -1,7 +1,6 @@
 """The sampled off-CPU collector's lock-wait estimate and its stated error, on numbers
-made by hand (no target): a futex row's share of its thread's looks in a stratum
-(asleep, or woken and waiting for a CPU) times the stratum's exact total, and the
-±90 % the report states from it."""
+made by hand (no target): a futex row's share of its thread's looks, capped at the
+exact total of its stratum, and the ±90 % the report states from it."""
 
 from __future__ import annotations
 
@@ -10,60 +9,37 @@ import math
 import pytest
 
 from kvprof.analysis.tables import LOOK_BIAS, Z90, sampling_error_ns
-from kvprof.collect.offsample import row_estimate, stratum_share
+from kvprof.collect.offsample import stratum_share
 from kvprof.model.delta import delta
 from kvprof.model.profile import FutexWait, OffCpu, Profile, Target
 
 MS = 1_000_000
 
 
-def test_share_of_the_stratum_looks_stands_for_that_share_of_its_exact_time() -> None:
-    """A row found by 30 of the 300 looks of 10 ms that found its thread asleep, when
-    schedstat says it slept 6 s, is 0.6 s, with the binomial variance of a share of 0.1
-    over 300 looks."""
-    ns, var = stratum_share(30 * 10 * MS, 30, 300 * 10 * MS, 6000 * MS)
+def test_share_of_the_looks_stands_for_that_share_of_the_time() -> None:
+    """A row found by 30 of 300 looks of 10 ms, on a thread watched for 6 s, is 0.6 s,
+    with the binomial variance of a share of 0.1 over 300 looks."""
+    ns, var = stratum_share(30 * 10 * MS, 30, 30 * 10 * MS, 300 * 10 * MS, 2.0, None)
     assert ns == pytest.approx(600 * MS)
     assert math.sqrt(var) == pytest.approx(6000 * MS * math.sqrt(0.1 * 0.9 / 300))
 
 
-def test_looks_that_find_a_stratum_too_often_do_not_move_its_total() -> None:
-    """Looks that found a thread asleep in a futex 400 times of 1000 when schedstat
-    says it slept 1 s: the rows split that 1 s by their looks in the sleep, whatever
-    the share of all looks (a look takes a CPU and finds threads asleep or runnable
-    more often than they are)."""
-    one, _ = stratum_share(300 * 10 * MS, 300, 400 * 10 * MS, 1000 * MS)
-    other, _ = stratum_share(100 * 10 * MS, 100, 400 * 10 * MS, 1000 * MS)
+def test_share_is_capped_at_the_stratum_exact_total() -> None:
+    """Looks that found a thread asleep in a futex for 40 % of its time, when schedstat
+    says it slept 10 % of it, give the sleep: split over the rows by their looks."""
+    looked, scale = 1000 * 10 * MS, 1.0
+    one, _ = stratum_share(300 * 10 * MS, 300, 400 * 10 * MS, looked, scale, 1000 * MS)
+    other, _ = stratum_share(100 * 10 * MS, 100, 400 * 10 * MS, looked, scale, 1000 * MS)
     assert one + other == pytest.approx(1000 * MS)
     assert one == pytest.approx(3 * other)
-
-
-def test_wait_for_a_cpu_is_split_by_the_looks_at_other_cpus() -> None:
-    """A thread the looks found runnable 100 times on another CPU (30 of them woken
-    from this futex wait) and 200 times on the look's own (a thread the look displaced
-    among them: 20 woken) has 0.3 of its exact wait for a CPU in the row, plus its
-    share of the sleep; the looks behind it are those two strata's."""
-    # waits, ns and looks in the sleep, woken on another CPU, woken on the look's
-    entry = [5, 10 * 10 * MS, 10, 30 * 10 * MS, 30, 20 * 10 * MS, 20]
-    strata = (50 * 10 * MS, 100 * 10 * MS, 200 * 10 * MS)
-    ns, var, looks = row_estimate(entry, strata, 500 * MS, 2000 * MS)
-    assert ns == pytest.approx(0.2 * 500 * MS + 0.3 * 2000 * MS)
-    assert looks == 40
-    assert var > 0
-
-
-def test_thread_never_runnable_elsewhere_is_split_by_the_look_cpu() -> None:
-    """A thread the looks found runnable only on their own CPU (one CPU, or the others
-    always busy): its wait for a CPU is split by those looks, not left out."""
-    entry = [5, 0, 0, 0, 0, 20 * 10 * MS, 20]
-    ns, _, looks = row_estimate(entry, (0, 0, 80 * 10 * MS), 0, 1000 * MS)
-    assert ns == pytest.approx(250 * MS)
-    assert looks == 20
+    # under its total it is left alone
+    ns, _ = stratum_share(50 * 10 * MS, 50, 50 * 10 * MS, looked, scale, 1000 * MS)
+    assert ns == pytest.approx(500 * MS)
 
 
 def test_no_looks_no_estimate() -> None:
     """A stratum no look found gives nothing, not a division by zero."""
-    assert stratum_share(0, 0, 0, 5 * MS) == (0.0, 0.0)
-    assert row_estimate([0] * 7, (0, 0, 0), 5 * MS, 5 * MS) == (0.0, 0.0, 0)
+    assert stratum_share(0, 0, 0, 0, 1.0, 5 * MS) == (0.0, 0.0)
 
 
 def _row(tid: int, ns: int, samples: int, sd_ns: int = 0) -> FutexWait:

@@ -42,26 +42,15 @@ word; so does a thread /proc says is running whose iterator shows it off the
 CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
 its kernel stack still in the futex wait and its saved registers in the call:
 woken, waiting for a CPU, which the wait lasts until (the kernel functions
-it sleeps in are told by their address ranges in /proc/kallsyms).
-
-A futex row is estimated in two strata of its thread's off-CPU time, each known
-exactly from schedstat: the thread's sleep, and its wait for a CPU. The row
-stands for its share of the looks that found the thread in a stratum (their
-ns) times that stratum's total (row_estimate), never for a share of all the
-looks: a look takes a CPU, and at its instant the target's threads are off the
-CPU more often than on average. Which stratum a look counts in follows what the
-look does to the CPU it runs on: it displaces the thread that ran there
-(runnable, preempted, because of the look) and holds the threads woken there
-meanwhile (a sleep whose timer expires with the look's: asleep until then). A
-thread runnable on the look's CPU (/proc/PID/task/TID/stat's processor) counts
-in the sleep's stratum when its kernel stack is still in the sleep (woken,
-not yet run: not in PREEMPTIONS). The wait for a CPU is split by the looks that
-found the thread runnable on another CPU, and by those on the look's CPU
-(woken or preempted) only for a thread never runnable elsewhere (one CPU, or
-the others always busy). `samples` keeps how many looks stand behind each row
-and `sd_ns` its binomial standard deviation, for the report's sampling error.
-
-A thread seen in a lock's futex wait (asleep with the value 2, glibc's "locked, with
+it sleeps in are told by their address ranges in /proc/kallsyms). A futex row
+stands for its share of the thread's looks (their ns) times the thread's
+time, in two strata: its looks asleep in the wait, and woken from it; each
+stratum's rows of one thread are capped at that stratum's exact total
+(schedstat: the thread's sleep, and its wait for a CPU), since a look takes a
+CPU and may find the target's threads asleep or runnable more often than they
+are. `samples` keeps how many looks stand behind each row and `sd_ns` its
+binomial standard deviation, for the report's sampling error. A thread seen
+in a lock's futex wait (asleep with the value 2, glibc's "locked, with
 waiters", or woken from a futex wait) is looked at OFFCPU_LOCK_HZ for
 OFFCPU_HOT_S after, the others at offcpu_hz: a lock wait is often a few per
 cent of a thread's time, and its error shrinks as the square root of the
@@ -86,7 +75,7 @@ import struct
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvprof.collect import (
@@ -116,7 +105,6 @@ SYS_FUTEX = 202  # x86-64
 # LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
 FUTEX_WAIT_OPS = (0, 6, 9, 11, 13)
 FUTEX_CMD_MASK = 127  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
-STAT_PROCESSOR = 36  # /proc/PID/task/TID/stat's "processor" (field 39), counted after the ")" that ends comm
 LOCKED_WAITERS = 2  # the futex value a glibc lock waits on: locked, with waiters
 # The kernel functions a futex waiter sleeps in: a runnable thread with one of them on its
 # kernel stack was woken from its wait and waits for a CPU (one preempted on its way in
@@ -131,27 +119,6 @@ FUTEX_SLEEPS = frozenset(
         "__futex_wait",
     }
 )
-# The kernel functions a thread preempted on its way back to user mode is switched out
-# in: a runnable thread with none of them near the leaf of its kernel stack was woken
-# from a sleep and has not run since.
-PREEMPTIONS = frozenset(
-    {
-        "irqentry_exit_to_user_mode",
-        "irqentry_exit",
-        "exit_to_user_mode_loop",
-        "raw_irqentry_exit_cond_resched",
-        "preempt_schedule",
-        "preempt_schedule_irq",
-        "preempt_schedule_common",
-        "preempt_schedule_notrace",
-        "__cond_resched",
-    }
-)
-PREEMPTION_FRAMES = 4  # ... looked for in this many frames from the leaf
-
-# Where a look found a thread off the CPU (_count): asleep; runnable on the look's CPU
-# (woken from a sleep, or preempted); runnable on another CPU
-ASLEEP, WOKEN_HERE, PREEMPTED_HERE, RUNNABLE_THERE = range(4)
 
 # (tid, user ips, why the walk stopped, kernel ips)
 StackKey = tuple[int, tuple[int, ...], str, tuple[int, ...]]
@@ -161,9 +128,8 @@ FutexKey = tuple[int, int, tuple[int, ...], str]  # (tid, word, user ips, why)
 @dataclass
 class _Thread:
     tid: int
-    syscall: int  # open /proc/PID/task/TID/syscall, schedstat and stat, read again with pread
+    syscall: int  # open /proc/PID/task/TID/syscall and schedstat, read again with pread
     schedstat: int
-    stat: int
     first: tuple[int, int, int]  # when first seen: (monotonic ns, ns run, ns waited for a CPU)
     last: tuple[int, int, int]  # at the last look
     link: int = -1  # its iterator link, -1 while paused
@@ -220,12 +186,9 @@ class OffSampleCollector(BpfCollector):
         self._threads: dict[int, _Thread] = {}
         self._gone: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]] = {}  # tid -> (first, last)
         self._stacks: dict[StackKey, int] = defaultdict(int)  # -> sampled ns
-        # -> [waits, ns and looks asleep in the wait, ns and looks woken from it (runnable) on
-        # another CPU than the look's, and on the look's (_count)]
+        # -> [waits, ns and looks asleep in the wait, ns and looks woken from it (runnable)]
         self._futex: dict[FutexKey, list[int]] = {}
-        # tid -> ns of its looks in the sleep's stratum, runnable on another CPU, runnable on
-        # the look's (_count)
-        self._strata: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self._looked: dict[int, int] = defaultdict(int)  # tid -> sampled ns of all its looks
         self._looks = self._samples = self._failed = 0
         self._next_after = 0  # the last tid looked at, when a look takes a slice of the threads
         self._listed = (0, 0)  # (monotonic ns, links of /proc/PID/task) at the last listing of its threads
@@ -238,7 +201,6 @@ class OffSampleCollector(BpfCollector):
         self._mem = -1
         self._fn_fd = -1
         self._sleeps: list[tuple[int, int]] = []  # FUTEX_SLEEPS' address ranges in the kernel
-        self._preemptions: list[tuple[int, int]] = []  # PREEMPTIONS'
         self._hot_period = 0  # ns between the looks at a thread seen in a lock wait lately
 
     def program(self) -> Program:
@@ -270,7 +232,6 @@ class OffSampleCollector(BpfCollector):
             raise CollectError(f"offcpu: cannot read the target's maps or memory ({e.strerror})") from None
         self._fn_fd = module.bpf.load_func(b"bpf_iter__task", BPF.TRACING).fd
         self._sleeps = _kernel_ranges(FUTEX_SLEEPS)
-        self._preemptions = _kernel_ranges(PREEMPTIONS)
         self._look(time.monotonic_ns(), 0)  # every thread's start
         try:
             self._link_all()
@@ -323,7 +284,6 @@ class OffSampleCollector(BpfCollector):
             for th in self._threads.values():
                 os.close(th.syscall)
                 os.close(th.schedstat)
-                os.close(th.stat)
             self._threads.clear()
         for fd in (self._mem, self._tasks):
             if fd >= 0:
@@ -421,6 +381,7 @@ class OffSampleCollector(BpfCollector):
                 finish = self._sample(th, call, weight)
             elif call:
                 finish = self._woken(th, weight)
+            self._looked[th.tid] += weight
             return finish
         except (OSError, ValueError, IndexError):  # gone meanwhile, or no iterator: no sample
             self._failed += 1
@@ -449,11 +410,10 @@ class OffSampleCollector(BpfCollector):
         try:
             call = os.open(f"/proc/{self.pid}/task/{tid}/syscall", os.O_RDONLY)
             sched = os.open(f"/proc/{self.pid}/task/{tid}/schedstat", os.O_RDONLY)
-            stat = os.open(f"/proc/{self.pid}/task/{tid}/stat", os.O_RDONLY)
             first, runs = _schedstat(sched, now)
         except (OSError, ValueError):
             return None
-        th = self._threads[tid] = _Thread(tid, call, sched, stat, first, first, runs=runs, looked=now)
+        th = self._threads[tid] = _Thread(tid, call, sched, first, first, runs=runs, looked=now)
         if self._sampling.is_set():
             try:
                 self._link(th)
@@ -464,7 +424,7 @@ class OffSampleCollector(BpfCollector):
     def _forget(self, tid: int) -> None:
         th = self._threads.pop(tid)
         self._gone[tid] = (th.first, th.last)
-        for fd in (th.syscall, th.schedstat, th.stat, th.link):
+        for fd in (th.syscall, th.schedstat, th.link):
             if fd >= 0:
                 os.close(fd)
 
@@ -499,7 +459,7 @@ class OffSampleCollector(BpfCollector):
             futex: FutexKey | None = None
             if nr == SYS_FUTEX and len(args) > 1 and (args[1] & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS:
                 futex = (th.tid, args[0], ips, why)
-            self._count(th, key, futex, weight, ASLEEP)
+            self._count(th, key, futex, weight)
             if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
                 th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
             if not ran:
@@ -517,47 +477,32 @@ class OffSampleCollector(BpfCollector):
         regs = self._regs(th)
         if regs is None or not regs.kernel:  # on a CPU
             return None
-        here = self._here(th)
-        futex_wait = regs.orig_ax == SYS_FUTEX and (regs.si & FUTEX_CMD_MASK) in FUTEX_WAIT_OPS
-        if not futex_wait or not self._in(regs.kernel, self._sleeps, FUTEX_SLEEPS):
-            # preempted (on its way in or out of a futex call, too), or woken from another sleep
-            if not here:
-                state = RUNNABLE_THERE
-            elif self._in(regs.kernel[:PREEMPTION_FRAMES], self._preemptions, PREEMPTIONS):
-                state = PREEMPTED_HERE
-            else:
-                state = WOKEN_HERE
-            self._count(th, None, None, weight, state)
+        if regs.orig_ax != SYS_FUTEX or (regs.si & FUTEX_CMD_MASK) not in FUTEX_WAIT_OPS:
+            self._count(th, None, None, weight)  # preempted
+            return None
+        if not self._in_futex_sleep(regs.kernel):  # preempted on its way in or out of the call
+            self._count(th, None, None, weight)
             return None
         stack, ran = self._user_stack(th, regs.sp)
 
         def finish() -> None:
             ips, why = self._walked(regs.ip, regs.sp, regs.bp, stack, ran)
             futex = (th.tid, regs.di, ips, why)
-            self._count(th, None, futex, weight, WOKEN_HERE if here else RUNNABLE_THERE)
+            self._count(th, None, futex, weight)
             th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
             if not ran:
                 th.asleep = (th.runs, None, futex)
 
         return finish
 
-    def _here(self, th: _Thread) -> bool:
-        """Whether a runnable thread waits on the CPU this look runs on (its stat's
-        processor field)."""
-        try:
-            fields = os.pread(th.stat, 4096, 0).rsplit(b")", 1)[1].split()
-            return int(fields[STAT_PROCESSOR]) == int(_LIBC.sched_getcpu())
-        except (OSError, ValueError, IndexError):
-            return True
-
-    def _in(self, kernel: tuple[int, ...], ranges: list[tuple[int, int]], names: frozenset[str]) -> bool:
-        """Whether a kernel stack is in one of these functions: by their address ranges
-        when /proc/kallsyms gave them (read at attach, since a symbol table read while
-        other programs load can come back short), else by name."""
-        if ranges:
-            return any(lo <= a < hi for a in kernel for lo, hi in ranges)
+    def _in_futex_sleep(self, kernel: tuple[int, ...]) -> bool:
+        """Whether a kernel stack is in a function a futex waiter sleeps in: by the
+        functions' address ranges when /proc/kallsyms gave them (read here, since a
+        symbol table read while other programs load can come back short), else by name."""
+        if self._sleeps:
+            return any(lo <= a < hi for a in kernel for lo, hi in self._sleeps)
         frames = self.symbols.kernel_stack(list(kernel))
-        return any(f.removesuffix("_[k]").split(".")[0] in names for f in frames)
+        return any(f.removesuffix("_[k]").split(".")[0] in FUTEX_SLEEPS for f in frames)
 
     def _regs(self, th: _Thread) -> _Regs | None:
         """The user registers saved at the thread's last entry to the kernel and its
@@ -593,49 +538,31 @@ class OffSampleCollector(BpfCollector):
         return self._walk(pc, sp, bp, stack)
 
     def _again(self, th: _Thread, running: bool, weight: int) -> None:
-        """A thread not switched in since its last sample: that sample again, as woken from
-        that sleep (waiting for a CPU) when /proc now says it is running."""
+        """A thread not switched in since its last sample: that sample again, as a wait
+        for a CPU when /proc now says it is running (woken from that sleep since)."""
         assert th.asleep is not None
         runs, key, futex = th.asleep
-        state = ASLEEP
-        if running:
-            state = WOKEN_HERE if self._here(th) else RUNNABLE_THERE
+        if running and key is not None:
             th.asleep = (runs, None, futex)
             key = None
-        self._count(th, key, futex, weight, state)
+        self._count(th, key, futex, weight)
+        self._looked[th.tid] += weight
         self._reused += 1
 
-    def _count(
-        self, th: _Thread, key: StackKey | None, futex: FutexKey | None, weight: int, state: int
-    ) -> None:
-        """One sample of `th` off the CPU, in `state`: asleep with this stack (key), or
-        runnable (key None: counted with the thread's [runnable] time); in futex wait
-        (tid, word, ips, why) or not (None). The thread's strata and the futex row's
-        (_read) count it: asleep, and woken on the look's CPU (it waits for the CPU
-        the look holds: asleep until then), in the sleep's; runnable on another CPU in
-        the wait for a CPU's; runnable on the look's CPU there too only for a thread
-        never seen runnable elsewhere."""
+    def _count(self, th: _Thread, key: StackKey | None, futex: FutexKey | None, weight: int) -> None:
+        """One sample of `th` off the CPU: asleep with this stack, or (key None) runnable,
+        waiting for a CPU (counted with the thread's [runnable] time); in futex wait
+        (tid, word, ips, why) or not (None)."""
         self._samples += 1
         if key is not None:
             self._stacks[key] += weight
-        strata = self._strata[th.tid]
-        if state in (ASLEEP, WOKEN_HERE):
-            strata[0] += weight
-        if state == RUNNABLE_THERE:
-            strata[1] += weight
-        elif state != ASLEEP:
-            strata[2] += weight
         if futex is not None:
             word = futex[1]
-            entry = self._futex.setdefault(futex, [0] * 7)
+            entry = self._futex.setdefault(futex, [0, 0, 0, 0, 0])
             entry[0] += th.wait != (word, th.runs)  # one wait however many looks see it
-            if state in (ASLEEP, WOKEN_HERE):
-                entry[1] += weight
-                entry[2] += 1
-            i = 3 if state == RUNNABLE_THERE else 5
-            if state != ASLEEP:
-                entry[i] += weight
-                entry[i + 1] += 1
+            i = 1 if key is not None else 3
+            entry[i] += weight
+            entry[i + 1] += 1
             th.wait = (word, th.runs)
 
     def _stack(self, sp: int) -> bytes:
@@ -687,7 +614,7 @@ class OffSampleCollector(BpfCollector):
                     pass
             stacks = dict(self._stacks)
             futex = {k: list(v) for k, v in self._futex.items()}
-            strata = {tid: tuple(v) for tid, v in self._strata.items()}
+            looked = dict(self._looked)
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
             looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
         offcpu_ns: dict[int, int] = {}
@@ -708,18 +635,23 @@ class OffSampleCollector(BpfCollector):
         for tid in set(asleep) - {tid for tid, _ in sampled}:
             if asleep[tid]:
                 scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
-        # each futex row: its share of its thread's looks in a stratum times the stratum's
-        # exact total (schedstat): the thread's sleep, and its wait for a CPU
+        # per thread, its futex looks' ns asleep and woken: each share of the thread's looks
+        # (its time) is capped at the exact total of its stratum
+        found: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for (tid, *_), (_, a_ns, _, w_ns, _) in futex.items():
+            found[tid][0] += a_ns
+            found[tid][1] += w_ns
         waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for (tid, word, ips, why), entry in futex.items():
-            est, est_var, row_looks = row_estimate(
-                entry, strata.get(tid, (0, 0, 0)), asleep.get(tid, 0), runnable_ns.get(tid, 0)
-            )
+        for (tid, word, ips, why), (n, a_ns, a_k, w_ns, w_k) in futex.items():
+            span = spans[tid][1][0] - spans[tid][0][0] if tid in spans else 0
+            scale = span / looked[tid] if span and looked.get(tid) else 1.0
+            a = stratum_share(a_ns, a_k, found[tid][0], looked.get(tid, 0), scale, asleep.get(tid))
+            r = stratum_share(w_ns, w_k, found[tid][1], looked.get(tid, 0), scale, runnable_ns.get(tid))
             w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0, 0])
-            w[0] += entry[0]
-            w[1] += round(est)
-            w[2] += row_looks
-            w[3] += round(est_var)
+            w[0] += n
+            w[1] += round(a[0] + r[0])
+            w[2] += a_k + w_k
+            w[3] += round(a[1] + r[1])
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
         return _Snapshot(
@@ -750,9 +682,6 @@ class OffSampleCollector(BpfCollector):
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # sched_getcpu: the CPU a look runs on
-
-
 def _kernel_ranges(names: frozenset[str]) -> list[tuple[int, int]]:
     """[start, next function's start) of these kernel functions (with their .isra/.part
     clones), from /proc/kallsyms; [] when it hides the addresses (kptr_restrict)."""
@@ -778,37 +707,23 @@ def _kernel_ranges(names: frozenset[str]) -> list[tuple[int, int]]:
     return out
 
 
-def row_estimate(
-    entry: Sequence[int], strata: Sequence[int], asleep_ns: int, runnable_ns: int
-) -> tuple[float, float, int]:
-    """(estimated ns, its sampling variance, the looks behind it) of one futex row, from
-    its counts (_count: waits, ns and looks in the sleep's stratum, woken on another CPU
-    than the look's, woken on the look's), its thread's (ns of its looks in the sleep's
-    stratum, runnable on another CPU, runnable on the look's) and the thread's exact
-    sleep and wait for a CPU (schedstat). The wait for a CPU is split by the looks that
-    found the thread runnable on another CPU; by those on the look's CPU only for a
-    thread never found runnable elsewhere (one CPU, or the others always busy)."""
-    _, a_ns, a_k, t_ns, t_k, h_ns, h_k = entry
-    in_sleep, there, here = strata
-    a = stratum_share(a_ns, a_k, in_sleep, asleep_ns)
-    if there:
-        r, looks = stratum_share(t_ns, t_k, there, runnable_ns), a_k + t_k
-    else:
-        r, looks = stratum_share(h_ns, h_k, here, runnable_ns), a_k + h_k
-    return a[0] + r[0], a[1] + r[1], looks
-
-
-def stratum_share(ns: int, looks: int, stratum_ns: int, total: int) -> tuple[float, float]:
+def stratum_share(
+    ns: int, looks: int, found: int, looked: int, scale: float, total: int | None
+) -> tuple[float, float]:
     """(estimated ns, its sampling variance in ns²) of one futex row in one stratum of its
-    thread (asleep, or woken and waiting for a CPU): `ns` of the `stratum_ns` ns of the
-    thread's looks in that stratum found it in this row, `looks` of them, so the row
-    stands for that share of the stratum's exact total (`total`, schedstat). A share p of
-    n looks has the binomial variance p (1 - p) / n, here p (1 - p) / (looks / p)."""
-    if not looks or not stratum_ns or not total:
+    thread (asleep, or woken and waiting for a CPU): `ns` of the `looked` ns of the
+    thread's looks found it there, `looks` of them, so it stands for that share of the
+    thread's time (`scale`: its time over its looks' ns); all its rows of that stratum
+    (`found` ns) are capped at the stratum's exact total (`total`, schedstat). A share p
+    of n looks has the binomial variance p (1 - p) / n, here p (1 - p) / (looks / p)."""
+    if not looks or not looked:
         return 0.0, 0.0
-    p = min(1.0, ns / stratum_ns)
-    est = total * p
-    return est, est * est * max(1.0 - p, 1.0 / looks) / looks
+    est = ns * scale
+    cap = 1.0
+    if total is not None and found * scale > total:
+        cap = total / (found * scale)  # the looks found the stratum more often than it lasted
+    p = ns / looked
+    return est * cap, (est * cap) ** 2 * max(1.0 - p, 1.0 / looks) / looks
 
 
 def _keep_timing() -> None:
