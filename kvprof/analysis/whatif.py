@@ -344,11 +344,7 @@ def removed_parts(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> d
 
 def removed(p: Profile, f: Finding, stacks: Stacks, cpu: bool = True) -> dict[str, float]:
     """Per thread, the share of the wall time fixing `f` would remove: its parts summed."""
-    out: dict[str, float] = defaultdict(float)
-    for part in removed_parts(p, f, stacks, cpu).values():
-        for tid, share in part.items():
-            out[tid] += share
-    return dict(out)
+    return dict(_per_thread(removed_parts(p, f, stacks, cpu)))
 
 
 def annotate(p: Profile, findings: list[Finding]) -> list[Finding]:
@@ -382,13 +378,18 @@ def _parts_together(p: Profile, findings: list[Finding], stacks: Stacks) -> dict
     return total
 
 
-def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
-    """The gain of fixing `findings` together: their removed times summed per thread."""
+def _per_thread(together: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per thread, the parts summed."""
     total: dict[str, float] = defaultdict(float)
-    for part in _parts_together(p, findings, Stacks(p)).values():
+    for part in together.values():
         for tid, r in part.items():
             total[tid] += r
-    return gain(budget(p), total)
+    return total
+
+
+def gain_if_fixed(p: Profile, findings: list[Finding]) -> float:
+    """The gain of fixing `findings` together: their removed times summed per thread."""
+    return gain(budget(p), _per_thread(_parts_together(p, findings, Stacks(p))))
 
 
 @dataclass
@@ -403,9 +404,11 @@ def breakdown(p: Profile, findings: list[Finding]) -> Breakdown:
     """What fixing `findings` together removes: each part's share of the wall time of the
     target's threads, their mean weighted by busy time (as the gain weighs them), and the
     CPU per request it saves, as a benchmark measures it (every part but the waits is CPU)."""
-    b = budget(p)
+    return _breakdown(budget(p), _parts_together(p, findings, Stacks(p)))
+
+
+def _breakdown(b: Budget, together: Mapping[str, Mapping[str, float]]) -> Breakdown:
     busy = sum(t.busy for t in b.threads.values())
-    together = _parts_together(p, findings, Stacks(p))
     parts = {
         name: sum(b.threads[t].busy * r for t, r in together[name].items() if t in b.threads) / busy
         for name in PARTS
@@ -436,13 +439,13 @@ class Prediction:
 
 def predict(p: Profile, findings: list[Finding], fixes: Mapping[str, Collection[str]]) -> Prediction:
     """The gain of each fix, a fix being the catalog entries (hotspot ids) it removes."""
-    b = budget(p)
+    b, stacks = budget(p), Stacks(p)
     top = max(findings, key=lambda f: f.cost.get(GAIN_KEY, 0.0), default=None)
-    said = {fix: breakdown(p, [f for f in findings if f.hotspot in ids]) for fix, ids in fixes.items()}
+    chosen = {fix: [f for f in findings if f.hotspot in ids] for fix, ids in fixes.items()}
+    together = {fix: _parts_together(p, fs, stacks) for fix, fs in chosen.items()}
+    said = {fix: _breakdown(b, parts) for fix, parts in together.items()}
     return Prediction(
-        gains={
-            fix: gain_if_fixed(p, [f for f in findings if f.hotspot in ids]) for fix, ids in fixes.items()
-        },
+        gains={fix: gain(b, _per_thread(parts)) for fix, parts in together.items()},
         largest=top.cost.get(GAIN_KEY, 0.0) if top is not None else 0.0,
         largest_id=top.id if top is not None else "",
         busy_share=b.busy_share,

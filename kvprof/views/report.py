@@ -504,7 +504,7 @@ def _lock_line(lr: LockRow, name_width: int) -> str:
         f"{_fit(lr.name, name_width):<{name_width + 1}}"
         f"{_n(lr.waits_per_s):>10}{_n(lr.wait_ms_per_s):>11}{err:>7}"
         f"{'-' if lr.max_ms is None else _n(lr.max_ms):>8}{lr.threads:>4}  "
-        + _fit(lr.call_site, WIDTH - 42 - name_width)
+        + _fit(lr.call_site, WIDTH - 43 - name_width)
     )
 
 
