@@ -46,6 +46,9 @@ Z90 = 1.645  # a normal's two-sided 90 % quantile: sampled figures are shown ± 
 # against an exact tracer where the sampling error is small; it is one error for the figure,
 # not independent per row
 LOOK_BIAS = 0.15
+# ... and what remains beyond the stretches' own spread in a lock wait timed in stretches
+# (kvprof.collect.offsample), relative, measured by the same benchmark: one error for the figure
+STRETCH_BIAS = 0.06
 
 
 def seconds(p: Profile) -> float:
@@ -179,16 +182,20 @@ def sampling_error_ns(waits: Iterable[FutexWait]) -> int | None:
     sampled (None: every wait was timed). Each (thread, word, stack)'s ns come with
     their standard deviation (FutexWait.sd_ns), or else from the n looks that found the
     wait, counted as a Poisson count (relative error 1/sqrt(n)); rows are independent.
-    Rows with a standard deviation add the looks' own bias, LOOK_BIAS of their sum."""
+    Rows estimated from looks with a standard deviation add the looks' own bias,
+    LOOK_BIAS of their sum; rows timed in stretches (FutexWait.timed_share), STRETCH_BIAS
+    of theirs."""
     var = 0.0
     sampled = False
-    biased = 0
+    looked = timed = 0
     for fw in waits:
-        if fw.samples > 0:
+        if fw.samples > 0 or fw.timed_share:
             sampled = True
-            var += fw.sd_ns * fw.sd_ns if fw.sd_ns else fw.ns * fw.ns / fw.samples
-            biased += fw.ns if fw.sd_ns else 0
-    return round(Z90 * math.sqrt(var + (LOOK_BIAS * biased) ** 2)) if sampled else None
+            var += fw.sd_ns * fw.sd_ns if fw.sd_ns or fw.timed_share else fw.ns * fw.ns / fw.samples
+            timed += fw.ns if fw.timed_share else 0
+            looked += fw.ns if fw.sd_ns and not fw.timed_share else 0
+    bias = (LOOK_BIAS * looked) ** 2 + (STRETCH_BIAS * timed) ** 2
+    return round(Z90 * math.sqrt(var + bias)) if sampled else None
 
 
 def futex_label(waits: list[FutexWait]) -> str:

@@ -1,10 +1,11 @@
 """Off-CPU time and futex waits of one process, sampled (probes/offsample.bpf.c):
 the `offcpu` collector by default (CollectOptions.offcpu_hz > 0).
 
-Nothing runs at the target's switches: the cost of kvprof.collect.offcpu, whose
-program runs at every switch of the machine, is the attachment itself, however
-little the program does (docs/overhead-log.md, "Runs 40-44" and "Runs 45-46"). Instead, offcpu_hz times
-a second, a thread of kvprof's looks at each thread of the target:
+Most of the time nothing runs at the target's switches: the cost of
+kvprof.collect.offcpu, whose program runs at every switch of the machine, is the
+attachment itself, however little the program does (docs/record.md, "Overhead").
+Instead, offcpu_hz times a second, a thread of kvprof's looks at each thread of the
+target:
 
 - /proc/PID/task/TID/schedstat says how long it has run and waited for a CPU;
 - /proc/PID/task/TID/syscall says whether it is asleep and in which system
@@ -36,30 +37,43 @@ up to it (offcpu.to_totals); a thread that slept but was never seen asleep
 (its sleeps all fell between looks) has the rest under `[asleep, not
 sampled]`, so that every thread's stacks add up to its total.
 
-A sample in futex(2) with a wait operation (from /proc: the call's number, its
-first argument the word, its second the operation) samples a wait on that
-word; so does a thread /proc says is running whose iterator shows it off the
-CPU (a kernel stack: the kernel unwinds no task running on another CPU) with
-its kernel stack still in the futex wait and its saved registers in the call:
-woken, waiting for a CPU, which the wait lasts until (the kernel functions
-it sleeps in are told by their address ranges in /proc/kallsyms). A futex row
-stands for its share of the thread's looks (their ns) times the thread's
-time, in two strata: its looks asleep in the wait, and woken from it; each
-stratum's rows of one thread are capped at that stratum's exact total
-(schedstat: the thread's sleep, and its wait for a CPU), since a look takes a
-CPU and may find the target's threads asleep or runnable more often than they
-are. `samples` keeps how many looks stand behind each row and `sd_ns` its
-binomial standard deviation, for the report's sampling error. A thread seen
-in a lock's futex wait (asleep with the value 2, glibc's "locked, with
-waiters", or woken from a futex wait) is looked at OFFCPU_LOCK_HZ for
-OFFCPU_HOT_S after, the others at offcpu_hz: a lock wait is often a few per
-cent of a thread's time, and its error shrinks as the square root of the
-looks that find it; a thread asleep in a condition variable stays at
-offcpu_hz. `waits` counts the waits seen: consecutive samples of one thread on one word with no run in between
-are one wait. That is a lower bound: a wait shorter than a look's interval is
-seen with a probability of its length over the interval. Exact counts take
---offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a cost at every
-switch).
+Lock waits are timed, in stretches. While a thread of the target was seen in a
+lock wait within OFFCPU_HOT_S (or the last stretch timed a wait on a word a look
+saw a lock wait on), a switch timer (probes/offsample.bpf.c's offsample_switch)
+is attached to sched_switch for OFFCPU_TIMED_S of every OFFCPU_TIMED_EVERY_S. It
+times, per (thread, word), every futex wait that begins in the stretch from the
+switch-out to the thread's next time on a CPU (its wait for a CPU after the
+wake-up included); it stays attached past the stretch until those waits are
+accounted. A pair's figure is its timed ns per ns of stretch times the time the
+gate was open (Stretches), with the stretches' spread as its variance; the looks
+only split it over the stacks they found for that pair (a pair no look found has no
+frames, and no stack makes it a lock wait). The share of the looks that find a
+thread woken and waiting for a CPU is no measure of that wait: a look takes one of
+the CPUs, and the scheduler decides where a woken waiter waits.
+
+A pair the timer never saw (the gate was shut) keeps the looks' estimate. A sample
+in futex(2) with a wait operation (from /proc: the call's number, its first argument
+the word, its second the operation) samples a wait on that word; so does a thread
+/proc says is running whose iterator shows it off the CPU (a kernel stack: the
+kernel unwinds no task running on another CPU) with its kernel stack still in the
+futex wait and its saved registers in the call: woken, waiting for a CPU, which the
+wait lasts until (the kernel functions it sleeps in are told by their address ranges
+in /proc/kallsyms). A futex row stands for its share of the thread's looks (their
+ns) times the thread's time, in two strata: its looks asleep in the wait, and woken
+from it; each stratum's rows of one thread are capped at that stratum's exact total
+(schedstat: the thread's sleep, and its wait for a CPU), since a look takes a CPU
+and may find the target's threads asleep or runnable more often than they are.
+`samples` keeps how many looks stand behind each row and `sd_ns` its binomial
+standard deviation, for the report's sampling error. A thread seen in a lock's futex
+wait (asleep with the value 2, glibc's "locked, with waiters", or woken from a futex
+wait) is looked at OFFCPU_LOCK_HZ for OFFCPU_HOT_S after, the others at offcpu_hz: a
+lock wait is often a few per cent of a thread's time, and its error shrinks as the
+square root of the looks that find it; a thread asleep in a condition variable stays
+at offcpu_hz. `waits` counts the waits seen: consecutive samples of one thread on
+one word with no run in between are one wait. That is a lower bound: a wait shorter
+than a look's interval is seen with a probability of its length over the interval.
+Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a
+cost at every switch).
 
 The looking thread keeps SCHED_OTHER at LOOK_NICE when kvprof yields the CPU
 (kvprof.system.attach): a look that runs only when a CPU is free comes when
@@ -76,18 +90,21 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kvprof.collect import (
     LOOK_NICE,
     OFFCPU_HOT_S,
     OFFCPU_LOCK_HZ,
     OFFCPU_LOOKS,
+    OFFCPU_TIMED_EVERY_S,
+    OFFCPU_TIMED_S,
     CollectError,
     CollectOptions,
 )
-from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, source
-from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, to_totals
+from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, map_items, source
+from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, spread, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.symbols import DataNames, Symbolizer
 from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
@@ -120,6 +137,7 @@ FUTEX_SLEEPS = frozenset(
     }
 )
 
+SWITCH = b"sched_switch"  # the raw tracepoint the switch timer (offsample_switch) is attached to
 # (tid, user ips, why the walk stopped, kernel ips)
 StackKey = tuple[int, tuple[int, ...], str, tuple[int, ...]]
 FutexKey = tuple[int, int, tuple[int, ...], str]  # (tid, word, user ips, why)
@@ -161,6 +179,9 @@ class _Snapshot(OffCpuSnapshot):
     samples: int = 0
     failed: int = 0  # samples not taken: a thread gone between the reads, or no iterator
     reused: int = 0  # samples that were the thread's previous one (it had not run since)
+    stretches: int = 0  # the switch timer's stretches
+    stretch_ns: int = 0  # ... their summed length
+    gated_ns: int = 0  # ... and the time they stand for (a lock wait seen)
 
 
 def _pread_text(fd: int) -> str:
@@ -202,6 +223,15 @@ class OffSampleCollector(BpfCollector):
         self._fn_fd = -1
         self._sleeps: list[tuple[int, int]] = []  # FUTEX_SLEEPS' address ranges in the kernel
         self._hot_period = 0  # ns between the looks at a thread seen in a lock wait lately
+        self._timer: Any = None  # the switch timer's program (offsample_switch), once loaded
+        self._timing = 0  # monotonic ns its current stretch began; 0: not attached
+        self._closing = 0  # monotonic ns it began to end (no wait begins since); 0: not ending
+        self._next_stretch = 0  # monotonic ns before which no stretch begins
+        self._timed = Stretches()
+        self._gate_tick = 0  # monotonic ns of the last tick that found a thread in a lock wait lately
+        self._gated = 0  # ns of such ticks since the last stretch ended: the time it stands for
+        self._lock_words: set[int] = set()  # the futex words a look saw a lock wait on (hot)
+        self._timer_hot = 0  # monotonic ns until which the gate stays open: a stretch timed a wait on one
 
     def program(self) -> Program:
         if not self.opts.offcpu_hz:
@@ -212,9 +242,12 @@ class OffSampleCollector(BpfCollector):
         return ["bpf_iter__task"]  # BCC's name for a task iterator's function
 
     def attached_programs(self) -> list[AttachedProgram]:
-        """None for the own-cost figure: the iterator runs in kvprof's own thread, when it
-        reads, so its time is in kvprof's own CPU, not in the target's threads."""
-        return []
+        """The switch timer, for the own-cost figure; not the iterator: it runs in
+        kvprof's own thread, when it reads, so its time is in kvprof's own CPU, not in
+        the target's threads."""
+        if self._timer is None:
+            return []
+        return [AttachedProgram(self.name, "offsample_switch", "tracepoint", self._timer.fd)]
 
     def _attach(self, module: Module) -> None:
         from bcc import BPF
@@ -231,6 +264,7 @@ class OffSampleCollector(BpfCollector):
         except OSError as e:
             raise CollectError(f"offcpu: cannot read the target's maps or memory ({e.strerror})") from None
         self._fn_fd = module.bpf.load_func(b"bpf_iter__task", BPF.TRACING).fd
+        self._timer = module.bpf.load_func(b"offsample_switch", BPF.RAW_TRACEPOINT)
         self._sleeps = _kernel_ranges(FUTEX_SLEEPS)
         self._look(time.monotonic_ns(), 0)  # every thread's start
         try:
@@ -268,6 +302,8 @@ class OffSampleCollector(BpfCollector):
         """Stop looking and drop the links (a paused kvprof holds no attachment)."""
         self._sampling.clear()
         with self._lock:
+            self._end_stretch()
+            self._gate_tick = 0  # a pause is not time in a lock wait
             for th in self._threads.values():
                 if th.link >= 0:
                     os.close(th.link)
@@ -309,12 +345,63 @@ class OffSampleCollector(BpfCollector):
             _keep_timing()
             now = time.monotonic_ns()
             with self._lock:
+                self._time_switches(now)
                 if tick % every == 0:
                     self._look(now, int(period * every))
                 else:
                     self._look_hot(now, max(1, OFFCPU_LOOKS // hot_hz))
             tick += 1
             last = now
+
+    def _time_switches(self, now: int) -> None:
+        """Begin or end a stretch of the switch timer: one begins every OFFCPU_TIMED_EVERY_S
+        while a thread of the target was seen in a lock wait within OFFCPU_HOT_S, or the
+        last stretch timed a wait on a word a look saw a lock wait on, times the
+        waits that begin in its OFFCPU_TIMED_S, and ends once they are all accounted (each
+        at its thread's next switch-out), or OFFCPU_TIMED_S / 2 later (a thread asleep
+        longer than that in a condition variable)."""
+        assert self.module is not None
+        hot = self._timer_hot > now or any(th.hot > now for th in self._threads.values())
+        if hot and self._gate_tick:
+            self._gated += now - self._gate_tick
+        self._gate_tick = now if hot else 0
+        if self._closing:
+            busy = any(v.futex for _, v in map_items(self.module.table("offsample_threads")))
+            if not busy or now - self._closing >= OFFCPU_TIMED_S * 1e9 / 2:
+                self._end_stretch()
+        elif self._timing:
+            if now - self._timing >= OFFCPU_TIMED_S * 1e9:
+                self.module.table("offsample_closing")[ctypes.c_int(0)] = ctypes.c_uint32(1)
+                self._closing = time.monotonic_ns()
+        elif now >= self._next_stretch and hot:
+            self._next_stretch = now + int(OFFCPU_TIMED_EVERY_S * 1e9)
+            self.module.table("offsample_closing")[ctypes.c_int(0)] = ctypes.c_uint32(0)
+            self.module.table("offsample_threads").clear()  # each thread's first switch-out starts it
+            try:
+                self.module.bpf.attach_raw_tracepoint(tp=SWITCH, fn_name=b"offsample_switch")
+            except Exception:  # BCC raises a plain Exception: no stretch, the looks alone
+                return
+            self._timing = time.monotonic_ns()
+
+    def _end_stretch(self) -> None:
+        """Detach the switch timer, and add what it timed, scaled from the time in which
+        waits could begin to OFFCPU_TIMED_EVERY_S. A stretch ended early (paused) counts
+        what was accounted by then."""
+        if not self._timing or self.module is None:
+            return
+        if SWITCH in self.module.bpf.raw_tracepoint_fds:
+            self.module.bpf.detach_raw_tracepoint(SWITCH)
+        length = max(1, (self._closing or time.monotonic_ns()) - self._timing)
+        self._timing = self._closing = 0
+        table = self.module.table("offsample_futex")
+        timed = map_items(table)
+        table.clear()
+        self._timed.add(
+            length, self._gated, {(int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in timed}
+        )
+        self._gated = 0
+        if any(int(k.uaddr) in self._lock_words for k, _ in timed):
+            self._timer_hot = time.monotonic_ns() + int(OFFCPU_HOT_S * 1e9)
 
     def _look(self, now: int, period: int) -> None:
         """Look at the next threads in turn, all of them when they are no more than
@@ -462,6 +549,7 @@ class OffSampleCollector(BpfCollector):
             self._count(th, key, futex, weight)
             if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
                 th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+                self._lock_words.add(args[0])
             if not ran:
                 th.asleep = (th.runs, key, futex)
 
@@ -490,6 +578,7 @@ class OffSampleCollector(BpfCollector):
             futex = (th.tid, regs.di, ips, why)
             self._count(th, None, futex, weight)
             th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+            self._lock_words.add(regs.di)
             if not ran:
                 th.asleep = (th.runs, None, futex)
 
@@ -617,6 +706,7 @@ class OffSampleCollector(BpfCollector):
             looked = dict(self._looked)
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
             looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
+            timed = self._timed.copy()
         offcpu_ns: dict[int, int] = {}
         runnable_ns: dict[int, int] = {}
         for tid, ((t0, run0, delay0), (t1, run1, delay1)) in spans.items():
@@ -635,25 +725,13 @@ class OffSampleCollector(BpfCollector):
         for tid in set(asleep) - {tid for tid, _ in sampled}:
             if asleep[tid]:
                 scaled[(tid, (UNSAMPLED_FRAME,))] = asleep[tid]
-        # per thread, its futex looks' ns asleep and woken: each share of the thread's looks
-        # (its time) is capped at the exact total of its stratum
-        found: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-        for (tid, *_), (_, a_ns, _, w_ns, _) in futex.items():
-            found[tid][0] += a_ns
-            found[tid][1] += w_ns
-        waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
-        for (tid, word, ips, why), (n, a_ns, a_k, w_ns, w_k) in futex.items():
-            span = spans[tid][1][0] - spans[tid][0][0] if tid in spans else 0
-            scale = span / looked[tid] if span and looked.get(tid) else 1.0
-            a = stratum_share(a_ns, a_k, found[tid][0], looked.get(tid, 0), scale, asleep.get(tid))
-            r = stratum_share(w_ns, w_k, found[tid][1], looked.get(tid, 0), scale, runnable_ns.get(tid))
-            w = waits.setdefault((tid, word, self._frames(ips, why, ())), [0, 0, 0, 0])
-            w[0] += n
-            w[1] += round(a[0] + r[0])
-            w[2] += a_k + w_k
-            w[3] += round(a[1] + r[1])
+        waits = self._futex_rows(futex, timed, spans, looked, asleep, runnable_ns)
         tids = set(offcpu_ns) | {tid for tid, _ in sampled}
         off_stacks, futex_waits = as_lists(scaled, waits, self._data)
+        share = OFFCPU_TIMED_S / OFFCPU_TIMED_EVERY_S
+        futex_waits = [
+            replace(f, timed_share=share) if (f.tid, f.uaddr) in timed.keys else f for f in futex_waits
+        ]
         return _Snapshot(
             stacks=off_stacks,
             futex=futex_waits,
@@ -664,7 +742,48 @@ class OffSampleCollector(BpfCollector):
             samples=samples,
             failed=failed,
             reused=reused,
+            stretches=timed.n,
+            stretch_ns=timed.length_ns,
+            gated_ns=timed.gated_ns,
         )
+
+    def _futex_rows(
+        self,
+        futex: dict[FutexKey, list[int]],
+        timed: Stretches,
+        spans: dict[int, tuple[tuple[int, int, int], tuple[int, int, int]]],
+        looked: dict[int, int],
+        asleep: dict[int, int],
+        runnable_ns: dict[int, int],
+    ) -> dict[tuple[int, int, tuple[str, ...]], list[int]]:
+        """(tid, word, frames) -> [waits, ns, looks, variance of ns]: a (thread, word) the
+        switch timer saw is its timed figure, which its looks only split over stacks; any
+        other is its share of the thread's looks, asleep and woken, each share (its time)
+        capped at the exact total of its stratum."""
+        found: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for (tid, *_), (_, a_ns, _, w_ns, _) in futex.items():
+            found[tid][0] += a_ns
+            found[tid][1] += w_ns
+        waits: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
+        split: dict[tuple[int, int], dict[tuple[str, ...], int]] = defaultdict(lambda: defaultdict(int))
+        looks_of: dict[tuple[int, int, tuple[str, ...]], int] = defaultdict(int)
+        for (tid, word, ips, why), (n, a_ns, a_k, w_ns, w_k) in futex.items():
+            frames = self._frames(ips, why, ())
+            if (tid, word) in timed.keys:
+                split[(tid, word)][frames] += a_ns + w_ns
+                looks_of[(tid, word, frames)] += a_k + w_k
+                continue
+            span = spans[tid][1][0] - spans[tid][0][0] if tid in spans else 0
+            scale = span / looked[tid] if span and looked.get(tid) else 1.0
+            a = stratum_share(a_ns, a_k, found[tid][0], looked.get(tid, 0), scale, asleep.get(tid))
+            r = stratum_share(w_ns, w_k, found[tid][1], looked.get(tid, 0), scale, runnable_ns.get(tid))
+            w = waits.setdefault((tid, word, frames), [0, 0, 0, 0])
+            w[0] += n
+            w[1] += round(a[0] + r[0])
+            w[2] += a_k + w_k
+            w[3] += round(a[1] + r[1])
+        waits.update(timed.rows(split, looks_of))
+        return waits
 
     def _frames(self, ips: tuple[int, ...], why: str, kernel: tuple[int, ...]) -> tuple[str, ...]:
         user = self.symbols.unwound(list(ips), why) if ips else []
@@ -679,6 +798,9 @@ class OffSampleCollector(BpfCollector):
         counters["offcpu.sample_errors"] = snap.failed
         counters["offcpu.samples_reused"] = snap.reused
         counters["offcpu.futex_waits"] = sum(f.waits for f in snap.futex)
+        counters["offcpu.timed_stretches"] = snap.stretches
+        counters["offcpu.timed_stretch_ns"] = snap.stretch_ns
+        counters["offcpu.timed_gated_ns"] = snap.gated_ns
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
 
 
@@ -724,6 +846,65 @@ def stratum_share(
         cap = total / (found * scale)  # the looks found the stratum more often than it lasted
     p = ns / looked
     return est * cap, (est * cap) ** 2 * max(1.0 - p, 1.0 / looks) / looks
+
+
+@dataclass
+class Stretches:
+    """What the switch timer's stretches timed: each (thread, word)'s waits and ns that
+    began in them, each stretch scaled up to the time it stands for: the time since
+    the previous stretch in which a thread of the target was seen in a lock wait
+    within OFFCPU_HOT_S (outside it no stretch runs). Each stretch adds its own part,
+    so the difference of two reads is what the stretches between them timed."""
+
+    n: int = 0
+    length_ns: int = 0  # the stretches' summed length (in which waits could begin)
+    gated_ns: int = 0  # ... and the time they stand for
+    # (tid, word) -> [waits, ns, sum of each stretch's ns squared], each scaled
+    keys: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+
+    def add(self, length: int, gated: int, timed: dict[tuple[int, int], tuple[int, int]]) -> None:
+        """One stretch of `length` ns that stands for `gated` ns (at least its length)."""
+        gated = max(gated, length)
+        scale = gated / max(1, length)
+        self.n += 1
+        self.length_ns += length
+        self.gated_ns += gated
+        for key, (waits, ns) in timed.items():
+            entry = self.keys.setdefault(key, [0.0, 0.0, 0.0])
+            entry[0] += waits * scale
+            entry[1] += ns * scale
+            entry[2] += (ns * scale) ** 2
+
+    def copy(self) -> Stretches:
+        return replace(self, keys={k: list(v) for k, v in self.keys.items()})
+
+    def estimate(self, key: tuple[int, int]) -> tuple[float, float, float]:
+        """(waits, ns, variance of ns) of one pair: the sum of its scaled stretches, whose
+        variance is n times their sample variance (a stretch that did not time the pair
+        counts as 0), less the share of the time they covered."""
+        waits, ns, sq = self.keys[key]
+        if self.n < 2:
+            return waits, ns, ns * ns
+        var = max(0.0, sq - ns * ns / self.n) / (self.n - 1)
+        covered = min(1.0, self.length_ns / max(1, self.gated_ns))
+        return waits, ns, self.n * var * (1 - covered)
+
+    def rows(
+        self,
+        split: dict[tuple[int, int], dict[tuple[str, ...], int]],
+        looks: dict[tuple[int, int, tuple[str, ...]], int],
+    ) -> dict[tuple[int, int, tuple[str, ...]], list[int]]:
+        """The futex rows of the timed (thread, word)s, each pair's estimate spread over
+        the stacks its looks found (`split`: their ns; none: no frames), as (tid, word,
+        frames) -> [waits, ns, looks, variance], each stack its share of the variance."""
+        est = {key: self.estimate(key) for key in self.keys}
+        exact = {key: (round(w), round(ns)) for key, (w, ns, _) in est.items()}
+        out: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
+        for (tid, word, frames), (w, ns) in spread(exact, split).items():
+            total, var = est[(tid, word)][1:]
+            part = ns / total if total else 0.0
+            out[(tid, word, frames)] = [w, ns, looks.get((tid, word, frames), 0), round(var * part * part)]
+        return out
 
 
 def _keep_timing() -> None:

@@ -84,7 +84,8 @@ def add_parser(commands: Any) -> None:
                    "a map was full)")  # fmt: skip
     p.add_argument("--offcpu-hz", type=number(int, 0, 1000), default=CollectOptions.offcpu_hz, metavar="HZ",
                    help="looks a second at each thread of the target for off-CPU stacks and futex "
-                   "waits (default: %(default)s; nothing runs at its switches); 0: time every switch "
+                   "waits (default: %(default)s; its lock waits timed at its switches in stretches, "
+                   "while it has some); 0: time every switch "
                    "instead, exact futex wait counts at a cost at every switch of the machine "
                    "(docs/record.md)")  # fmt: skip
     p.add_argument("--offcpu-sample", type=number(int, 0, 1 << 16), default=CollectOptions.offcpu_sample,

@@ -47,6 +47,7 @@
 
 #include "common.h"
 #include "unwind.h"
+#include "futex.h"
 
 #ifndef OFFCPU_STACK_SAMPLE
 #error "compile with -DOFFCPU_STACK_SAMPLE=<n>"
@@ -57,15 +58,6 @@
 #ifndef OFFCPU_PACE_SHIFT
 #error "compile with -DOFFCPU_PACE_SHIFT=<s>"
 #endif
-
-// futex(2) commands that put the caller to sleep (op & FUTEX_CMD_MASK).
-#define FUTEX_WAIT 0
-#define FUTEX_LOCK_PI 6
-#define FUTEX_WAIT_BITSET 9
-#define FUTEX_WAIT_REQUEUE_PI 11
-#define FUTEX_LOCK_PI2 13
-#define FUTEX_CMD_MASK 127  // without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
-#define SYS_FUTEX 202        // x86-64
 
 // Why a period's stacks were taken: the random 1 in OFFCPU_STACK_SAMPLE draw
 // (off-CPU and futex stacks), or a futex word's first wait by the thread
@@ -157,25 +149,6 @@ static __always_inline u64 offcpu_user_stack(void)
     if (!key)
         offcpu_count(OFFCPU_STACK_ERR, 1);
     return key;
-}
-
-// The futex word a thread about to sleep waits on (its user registers, saved at
-// its syscall entry, say it is in a FUTEX_WAIT-family call), else 0. Only the
-// words needed are read, the syscall number first: most switch-outs are not
-// futex waits, and every switch-out of the target comes here.
-static __always_inline u64 offcpu_futex_word(struct pt_regs *user)
-{
-    u64 nr = 0, op = 0, word = 0;
-    if (bpf_probe_read_kernel(&nr, sizeof(nr), &user->orig_ax) || nr != SYS_FUTEX)
-        return 0;
-    if (bpf_probe_read_kernel(&op, sizeof(op), &user->si) ||
-        bpf_probe_read_kernel(&word, sizeof(word), &user->di))
-        return 0;
-    int cmd = op & FUTEX_CMD_MASK;
-    if (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET && cmd != FUTEX_LOCK_PI &&
-        cmd != FUTEX_LOCK_PI2 && cmd != FUTEX_WAIT_REQUEUE_PI)
-        return 0;
-    return word;
 }
 
 // The n of this switch-out's 1-in-n draw: the last epoch's, or more once this
@@ -273,10 +246,7 @@ static __always_inline void offcpu_account(u32 tid, struct offcpu_thread *t, u64
 
 // args: (bool preempt, struct task_struct *prev, struct task_struct *next,
 // unsigned int prev_state); only the plain `preempt` flag and `prev_state` are
-// read, never the task structs. A task that leaves the CPU in TASK_RUNNING (0)
-// did not go to sleep: it waits for a CPU, whatever `preempt` says (a
-// reschedule at a syscall's exit is not a preemption).
-#define TASK_RUNNING 0
+// read, never the task structs (TASK_RUNNING: futex.h).
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
     u64 now = bpf_ktime_get_ns();
@@ -304,7 +274,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
     t->ts = now;
     t->preempted = ctx->args[0] != 0 || (u32)ctx->args[3] == TASK_RUNNING;
-    t->futex = t->preempted ? 0 : offcpu_futex_word((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()));
+    t->futex = t->preempted ? 0 : kv_futex_word();
     // a wait for a CPU has no place to wait at: its time is the thread's [runnable], no stack taken
     u32 n = t->preempted ? 0 : offcpu_one_in(now);
     int drawn = !t->preempted && (n <= 1 || bpf_get_prandom_u32() % n == 0);
