@@ -65,15 +65,15 @@ from it; each stratum's rows of one thread are capped at that stratum's exact to
 and may find the target's threads asleep or runnable more often than they are.
 `samples` keeps how many looks stand behind each row and `sd_ns` its binomial
 standard deviation, for the report's sampling error. A thread seen in a lock's futex
-wait (asleep with the value 2, glibc's "locked, with waiters", or woken from a futex
-wait) is looked at OFFCPU_LOCK_HZ for OFFCPU_HOT_S after, the others at offcpu_hz: a
-lock wait is often a few per cent of a thread's time, and its error shrinks as the
-square root of the looks that find it; a thread asleep in a condition variable stays
-at offcpu_hz. `waits` counts the waits seen: consecutive samples of one thread on
-one word with no run in between are one wait. That is a lower bound: a wait shorter
-than a look's interval is seen with a probability of its length over the interval.
-Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every switch timed, at a
-cost at every switch).
+wait (asleep in it, or woken from it, with the value 2, glibc's "locked, with
+waiters") is looked at OFFCPU_LOCK_HZ for OFFCPU_HOT_S after, the others at
+offcpu_hz: a lock wait is often a few per cent of a thread's time, and its error
+shrinks as the square root of the looks that find it; a thread asleep in a condition
+variable stays at offcpu_hz. `waits` counts the waits seen: consecutive samples of
+one thread on one word with no run in between are one wait. That is a lower bound: a
+wait shorter than a look's interval is seen with a probability of its length over
+the interval. Exact counts take --offcpu-hz 0 (kvprof.collect.offcpu: every switch
+timed, at a cost at every switch).
 
 The looking thread keeps SCHED_OTHER at LOOK_NICE when kvprof yields the CPU
 (kvprof.system.attach): a look that runs only when a CPU is free comes when
@@ -111,7 +111,7 @@ from kvprof.collect.unwind import UNWIND_FRAMES, Unwinder
 from kvprof.model.profile import RUNNABLE_FRAME, UNSAMPLED_FRAME, Profile
 
 KFRAMES = 32  # kernel frames kept per sample (-DOFFSAMPLE_KFRAMES)
-RECORD = struct.Struct(f"<QQQQQQq{KFRAMES}Q")  # struct offsample_rec
+RECORD = struct.Struct(f"<QQQQQQQq{KFRAMES}Q")  # struct offsample_rec
 STACK_READ = 4096  # bytes of a sleeping thread's stack read at once from its saved sp, more as the walk needs
 STACK_MAX = 65536  # ... up to this many
 # the target's threads listed again when their count changed, and at least this often (one
@@ -170,6 +170,7 @@ class _Regs:
     orig_ax: int  # the system call it is in (-1 and below: an interrupt)
     di: int
     si: int
+    dx: int  # the call's third argument: a futex wait's value (LOCKED_WAITERS on a lock's path)
     kernel: tuple[int, ...]
 
 
@@ -577,8 +578,9 @@ class OffSampleCollector(BpfCollector):
             ips, why = self._walked(regs.ip, regs.sp, regs.bp, stack, ran)
             futex = (th.tid, regs.di, ips, why)
             self._count(th, None, futex, weight)
-            th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
-            self._lock_words.add(regs.di)
+            if regs.dx == LOCKED_WAITERS:  # a lock's wait, not a condition variable's
+                th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+                self._lock_words.add(regs.di)
             if not ran:
                 th.asleep = (th.runs, None, futex)
 
@@ -607,8 +609,8 @@ class OffSampleCollector(BpfCollector):
             os.close(fd)
         if len(data) != RECORD.size:
             return None
-        sp, ip, bp, orig_ax, di, si, kbytes, *kstack = RECORD.unpack(data)
-        return _Regs(sp, ip, bp, orig_ax, di, si, tuple(kstack[: max(0, kbytes) // 8]))
+        sp, ip, bp, orig_ax, di, si, dx, kbytes, *kstack = RECORD.unpack(data)
+        return _Regs(sp, ip, bp, orig_ax, di, si, dx, tuple(kstack[: max(0, kbytes) // 8]))
 
     def _user_stack(self, th: _Thread, sp: int) -> tuple[bytes, bool]:
         """The first bytes of the stack of a thread off the CPU, from its saved sp, and

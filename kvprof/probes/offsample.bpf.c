@@ -4,7 +4,7 @@
 // user sp, ip and bp saved at the thread's entry to the kernel
 // (bpf_task_pt_regs; /proc gives the system call and its arguments, and sp
 // and ip say whether these registers are that call's), the system call and its
-// first two arguments (orig_ax, di, si: what /proc does not give for a thread
+// first three arguments (orig_ax, di, si, dx: what /proc does not give for a thread
 // that is runnable, not asleep) and its kernel stack (bpf_get_task_stack:
 // empty while the thread runs on another CPU, as the kernel does not unwind a
 // running task). It runs when kvprof reads, not at the target's switches.
@@ -64,6 +64,7 @@ struct offsample_rec {
     u64 orig_ax;
     u64 di;
     u64 si;
+    u64 dx;
     s64 kbytes;  // bytes of kstack filled, or a negative error
     u64 kstack[OFFSAMPLE_KFRAMES];
 };
@@ -85,7 +86,8 @@ BPF_ITER(task)
         bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp) ||
         bpf_probe_read_kernel(&r->orig_ax, sizeof(r->orig_ax), &regs->orig_ax) ||
         bpf_probe_read_kernel(&r->di, sizeof(r->di), &regs->di) ||
-        bpf_probe_read_kernel(&r->si, sizeof(r->si), &regs->si))
+        bpf_probe_read_kernel(&r->si, sizeof(r->si), &regs->si) ||
+        bpf_probe_read_kernel(&r->dx, sizeof(r->dx), &regs->dx))
         return 0;
     r->kbytes = bpf_get_task_stack(task, r->kstack, sizeof(r->kstack), 0);
     bpf_seq_write(ctx->meta->seq, r, sizeof(*r));
