@@ -66,6 +66,7 @@ PROBE_FILES = (
     "usdt_rate.bpf.c",
     "common.h",
     "follow.h",
+    "futex.h",
     "unwind.h",
     "opcodes.h",
 )
