@@ -44,8 +44,8 @@ is attached to sched_switch for OFFCPU_TIMED_S of every OFFCPU_TIMED_EVERY_S. It
 times, per (thread, word), every futex wait that begins in the stretch from the
 switch-out to the thread's next time on a CPU (its wait for a CPU after the
 wake-up included); it stays attached past the stretch until those waits are
-accounted. A pair's figure is its timed ns per ns of stretch times the time the
-gate was open (Stretches), with the stretches' spread as its variance; the looks
+accounted. Each stretch's ns are scaled up to the time the gate was open since the
+previous stretch (Stretches), and their spread is the figure's variance; the looks
 only split it over the stacks they found for that pair (a pair no look found has no
 frames, and no stack makes it a lock wait). The share of the looks that find a
 thread woken and waiting for a CPU is no measure of that wait: a look takes one of
@@ -386,8 +386,8 @@ class OffSampleCollector(BpfCollector):
 
     def _end_stretch(self) -> None:
         """Detach the switch timer, and add what it timed, scaled from the time in which
-        waits could begin to OFFCPU_TIMED_EVERY_S. A stretch ended early (paused) counts
-        what was accounted by then."""
+        waits could begin to the time the gate was open since the previous stretch. A
+        stretch ended early (paused) counts what was accounted by then."""
         if not self._timing or self.module is None:
             return
         if SWITCH in self.module.bpf.raw_tracepoint_fds:
