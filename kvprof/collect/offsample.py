@@ -103,7 +103,7 @@ from kvprof.collect import (
     CollectError,
     CollectOptions,
 )
-from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, map_items, source
+from kvprof.collect.bpf import BpfCollector, Module, Program, ThreadNames, map_items, source, warn
 from kvprof.collect.offcpu import OffCpuSnapshot, as_lists, put, spread, to_totals
 from kvprof.collect.overhead import Program as AttachedProgram
 from kvprof.collect.symbols import DataNames, Symbolizer
@@ -183,6 +183,7 @@ class _Snapshot(OffCpuSnapshot):
     stretches: int = 0  # the switch timer's stretches
     stretch_ns: int = 0  # ... their summed length
     gated_ns: int = 0  # ... and the time they stand for (a lock wait seen)
+    map_full: int = 0  # ... and the waits they could not time (a map was full)
 
 
 def _pread_text(fd: int) -> str:
@@ -229,6 +230,7 @@ class OffSampleCollector(BpfCollector):
         self._closing = 0  # monotonic ns it began to end (no wait begins since); 0: not ending
         self._next_stretch = 0  # monotonic ns before which no stretch begins
         self._timed = Stretches()
+        self._map_full = 0  # the switch timer's waits not timed, a map full (offsample_full)
         self._gate_tick = 0  # monotonic ns of the last tick that found a thread in a lock wait lately
         self._gated = 0  # ns of such ticks since the last stretch ended: the time it stands for
         self._lock_words: set[int] = set()  # the futex words a look saw a lock wait on (hot)
@@ -397,6 +399,7 @@ class OffSampleCollector(BpfCollector):
         table = self.module.table("offsample_futex")
         timed = map_items(table)
         table.clear()
+        self._map_full = int(self.module.table("offsample_full")[ctypes.c_int(0)].value)
         self._timed.add(
             length, self._gated, {(int(k.tid), int(k.uaddr)): (int(v.waits), int(v.ns)) for k, v in timed}
         )
@@ -709,6 +712,7 @@ class OffSampleCollector(BpfCollector):
             spans = {**self._gone, **{tid: (th.first, th.last) for tid, th in self._threads.items()}}
             looks, samples, failed, reused = self._looks, self._samples, self._failed, self._reused
             timed = self._timed.copy()
+            map_full = self._map_full
         offcpu_ns: dict[int, int] = {}
         runnable_ns: dict[int, int] = {}
         for tid, ((t0, run0, delay0), (t1, run1, delay1)) in spans.items():
@@ -747,6 +751,7 @@ class OffSampleCollector(BpfCollector):
             stretches=timed.n,
             stretch_ns=timed.length_ns,
             gated_ns=timed.gated_ns,
+            map_full=map_full,
         )
 
     def _futex_rows(
@@ -803,6 +808,9 @@ class OffSampleCollector(BpfCollector):
         counters["offcpu.timed_stretches"] = snap.stretches
         counters["offcpu.timed_stretch_ns"] = snap.stretch_ns
         counters["offcpu.timed_gated_ns"] = snap.gated_ns
+        counters["offcpu.map_full"] = snap.map_full
+        if snap.map_full:
+            warn(profile, "offcpu: lock waits not timed, map full", snap.map_full, "raise --max-entries")
         profile.status.sample_rates["offcpu_hz"] = self.opts.offcpu_hz
 
 

@@ -114,6 +114,7 @@ BPF_PERCPU_ARRAY(offsample_last_switch, u64, 1);  // when this CPU last switched
 BPF_HASH(offsample_threads, u32, struct offsample_thread, MAX_ENTRIES);
 BPF_HASH(offsample_futex, struct offsample_futex_key, struct offsample_futex_val, MAX_ENTRIES);
 BPF_ARRAY(offsample_closing, u32, 1);  // 1: the stretch is ending, no wait begins
+BPF_ARRAY(offsample_full, u64, 1);     // waits not timed: a thread or (thread, word) did not fit its map
 
 // args: (bool preempt, struct task_struct *prev, struct task_struct *next,
 // unsigned int prev_state); only the plain values are read. Not named
@@ -128,8 +129,8 @@ int offsample_switch(struct bpf_raw_tracepoint_args *ctx)
     if (last) {                                        // the task now leaving came on
         on_since = *last;
         *last = now;
-        if (kv_is_target(id))
-            t = offsample_threads.lookup_or_try_init(&tid, &fresh);
+        if (kv_is_target(id) && !(t = offsample_threads.lookup_or_try_init(&tid, &fresh)))
+            kv_add(offsample_full.lookup(&zero), 1);
     }
     if (!t)
         return 0;
@@ -142,6 +143,8 @@ int offsample_switch(struct bpf_raw_tracepoint_args *ctx)
         if (v) {  // each key holds a tid and only that thread writes it: plain adds
             v->waits += 1;
             v->ns += on_since - t->ts;
+        } else {
+            kv_add(offsample_full.lookup(&zero), 1);
         }
     }
     t->ts = now;
