@@ -130,15 +130,15 @@ OFFCPU_HZ = 5
 # shrinks as the square root of the looks that found it (docs/record.md, "Lock waits")
 OFFCPU_LOCK_HZ = 100
 OFFCPU_HOT_S = 1.0
+# ... and at most this many threads a second in all: a target with more threads than
+# OFFCPU_LOOKS / OFFCPU_HZ has each of them looked at less often, in turn
+OFFCPU_LOOKS = 1000
 # While a thread of the target was seen in a lock wait within OFFCPU_HOT_S, its futex waits
 # are timed on sched_switch for OFFCPU_TIMED_S of every OFFCPU_TIMED_EVERY_S and scaled up:
 # being on sched_switch costs every switch of the machine, and the share of the looks that
 # find a thread woken and waiting for a CPU is no measure of that wait (docs/record.md)
 OFFCPU_TIMED_S = 0.05
 OFFCPU_TIMED_EVERY_S = 0.2
-# ... and at most this many threads a second in all: a target with more threads than
-# OFFCPU_LOOKS / OFFCPU_HZ has each of them looked at less often, in turn
-OFFCPU_LOOKS = 1000
 # With OFFCPU_HZ 0: off-CPU stacks for 1 in N switch-outs (totals stay exact); 0: N follows the rate
 OFFCPU_SAMPLE = 0
 OFFCPU_WALKS = 16  # ... so that each CPU walks about this many stacks a second (docs/record.md: why)

@@ -133,9 +133,10 @@ class FutexWait:
     # the standard deviation of `ns` from that sampling, when the collector knows it
     # (kvprof.collect.offsample); 0: ns / sqrt(samples), the looks as a Poisson count
     sd_ns: int = 0
-    # ns timed on sched_switch in stretches that cover this share of the time they stand
-    # for, and scaled up from them (kvprof.collect.offsample's switch timer; `sd_ns` is
-    # then the stretches' spread and `samples` the looks that split ns over stacks)
+    # ns timed on sched_switch in stretches meant to cover this share of the time
+    # (OFFCPU_TIMED_S / OFFCPU_TIMED_EVERY_S), scaled up from them (kvprof.collect.offsample's
+    # switch timer; `sd_ns` is then the stretches' spread and `samples` the looks that
+    # split ns over stacks); 0: not timed in stretches
     timed_share: float = 0.0
 
 
