@@ -234,7 +234,9 @@ class OffSampleCollector(BpfCollector):
         self._gate_tick = 0  # monotonic ns of the last tick that found a thread in a lock wait lately
         self._gated = 0  # ns of such ticks since the last stretch ended: the time it stands for
         self._lock_words: set[int] = set()  # the futex words a look saw a lock wait on (hot)
-        self._timer_hot = 0  # monotonic ns until which the gate stays open: a stretch timed a wait on one
+        # monotonic ns until which the switch timer's gate stays open: a look saw a lock wait,
+        # or a stretch timed a wait on a word one was seen on, OFFCPU_HOT_S before
+        self._gate_until = 0
 
     def program(self) -> Program:
         if not self.opts.offcpu_hz:
@@ -364,7 +366,7 @@ class OffSampleCollector(BpfCollector):
         at its thread's next switch-out), or OFFCPU_TIMED_S / 2 later (a thread asleep
         longer than that in a condition variable)."""
         assert self.module is not None
-        hot = self._timer_hot > now or any(th.hot > now for th in self._threads.values())
+        hot = self._gate_until > now
         if hot and self._gate_tick:
             self._gated += now - self._gate_tick
         self._gate_tick = now if hot else 0
@@ -405,7 +407,7 @@ class OffSampleCollector(BpfCollector):
         )
         self._gated = 0
         if any(int(k.uaddr) in self._lock_words for k, _ in timed):
-            self._timer_hot = time.monotonic_ns() + int(OFFCPU_HOT_S * 1e9)
+            self._gate_until = max(self._gate_until, time.monotonic_ns() + int(OFFCPU_HOT_S * 1e9))
 
     def _look(self, now: int, period: int) -> None:
         """Look at the next threads in turn, all of them when they are no more than
@@ -553,6 +555,7 @@ class OffSampleCollector(BpfCollector):
             self._count(th, key, futex, weight)
             if futex is not None and len(args) > 2 and args[2] == LOCKED_WAITERS:
                 th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+                self._gate_until = max(self._gate_until, th.hot)
                 self._lock_words.add(args[0])
             if not ran:
                 th.asleep = (th.runs, key, futex)
@@ -583,6 +586,7 @@ class OffSampleCollector(BpfCollector):
             self._count(th, None, futex, weight)
             if regs.dx == LOCKED_WAITERS:  # a lock's wait, not a condition variable's
                 th.hot = th.looked + int(OFFCPU_HOT_S * 1e9)
+                self._gate_until = max(self._gate_until, th.hot)
                 self._lock_words.add(regs.di)
             if not ran:
                 th.asleep = (th.runs, None, futex)
