@@ -222,6 +222,22 @@ def test_a_section_held_by_two_threads_has_its_shortest_hold_as_own_work() -> No
     )
 
 
+def test_interrupted_holds_are_not_lines_moving_in() -> None:
+    """A hold the probes took for interrupted (a holder preempted) stays in the hold time
+    but not in what moved in: one sample of a time slice among short holds would otherwise
+    count as lines moving in on every acquisition."""
+    h = _hold("topkeys", 0xA0, {"11": (ACQ // 2, ACQ // 2 * 3000), "12": (ACQ // 2, ACQ // 2 * 3000)})
+    h.min_ns = 1000
+    busy = {"11": 0.5, "12": 0.5}
+    before = critical.section(h, SECONDS, OPS, busy)
+    h.interrupted, h.interrupted_ns = 1000, 1000 * 2_000_000  # weighted samples of a 2 ms slice
+    h.acquisitions += h.interrupted
+    h.hold_ns += h.interrupted_ns
+    s = critical.section(h, SECONDS, OPS, busy)
+    assert s.moved_ns == pytest.approx(before.moved_ns) == pytest.approx(2000.0)
+    assert s.own_ns == 1000.0
+
+
 def test_no_throughput_no_ceiling() -> None:
     """A target whose counters say nothing (no stats, no sampled requests) gets no ladder."""
     p = _profile([SHARED])

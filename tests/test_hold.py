@@ -189,7 +189,11 @@ def test_window_s_is_per_window_and_old_profiles_load() -> None:
     """A snapshot's delta subtracts the seconds timed before its base; a profile written
     before window_s existed loads with 0 (the whole window)."""
     new, old = _profile(2.0), _profile(0.5)
-    assert delta(new, old).holds[0].window_s == pytest.approx(1.5)
+    new.holds[0].interrupted, new.holds[0].interrupted_ns = 3, 3_000_000
+    old.holds[0].interrupted, old.holds[0].interrupted_ns = 1, 1_000_000
+    d = delta(new, old).holds[0]
+    assert d.window_s == pytest.approx(1.5)
+    assert (d.interrupted, d.interrupted_ns) == (2, 2_000_000)  # interrupted holds subtract too
     d = new.to_dict()
     for h in d["holds"]:
         del h["window_s"]

@@ -10,7 +10,10 @@ busy, per acquisition, for `hold_ns(threads)`:
   and its data stay in that core's cache; taken by two or more, each
   acquisition finds them in the last holder's: `HOLD_TRANSFERS` round trips
   (`Thresholds.transfer_ns`), or what the holds measured beyond the shortest
-  (`moved_ns`) when several threads held it;
+  (`moved_ns`) when several threads held it, less the holds the probes took
+  for interrupted (over kvprof.collect.INTERRUPTED x their thread's
+  shortest: a holder preempted on a machine with more threads than CPUs
+  would otherwise count a time slice as lines moving in);
 - for a sleeping mutex (glibc's, kvcached's kv_lock: a contended
   acquisition sleeps in FUTEX_WAIT, and the unlock that finds a sleeper
   wakes it with FUTEX_WAKE), the hand-off. It costs the lock only when the
@@ -173,7 +176,7 @@ def section(
     holders = [tid for tid, th in h.by_thread.items() if th.acquisitions > 0]
     mean = h.hold_ns / h.acquisitions if h.acquisitions else 0.0
     if len(holders) >= 2 and h.min_ns:
-        own, moved = float(h.min_ns), max(0.0, mean - h.min_ns)
+        own, moved = float(h.min_ns), max(0.0, _uninterrupted(h) - h.min_ns)
     else:
         own, moved = mean, 0.0
     per_s = h.acquisitions / dur if dur > 0 else 0.0
@@ -187,6 +190,13 @@ def section(
         holders=len(holders),
         costs=Costs.of(t),
     )
+
+
+def _uninterrupted(h: LockHold) -> float:
+    """The mean hold without the interrupted ones (a holder preempted: no line moves in
+    meanwhile, and the lock's waiters' time is in their waits)."""
+    kept = h.acquisitions - h.interrupted
+    return (h.hold_ns - h.interrupted_ns) / kept if kept > 0 else 0.0
 
 
 def _outside(h: LockHold, dur: float, on_cpu: Mapping[str, float], mean: float) -> float:

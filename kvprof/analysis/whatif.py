@@ -39,24 +39,28 @@ compares with the real fixes.
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from kvprof.analysis import critical
+from kvprof.analysis import critical, loop
 from kvprof.analysis.findings.common import GAIN_KEY, THRESHOLDS
 from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.findings.lock_cpu import lock_addresses
 from kvprof.analysis.hotspots import normalize
 from kvprof.analysis.lines import LINE, line_table
+from kvprof.analysis.loop import ClosedLoop
 from kvprof.analysis.tables import locks, seconds
-from kvprof.model.profile import HZ, Finding, Profile
+from kvprof.model.profile import HZ, MACHINE_BUSY, MACHINE_IDLE, Finding, Profile
 
 # GAIN_KEY, in each finding's cost: 0.12 for +12 % throughput
 REMOVED_KEY = "removed_share"  # in each finding's cost: the busiest thread's share the fix removes
 COUNTED = ("critical", "warning")  # the severities gain_if_all_fixed takes together
 CPU_BOUND = 0.8  # the threads' busy share from which the target is CPU-bound
 NOT_BOUND = 0.5  # and under which it is not: its threads wait more than they serve
+SERVING = 0.1  # the busy share from which a thread is one of the loop's server threads
+OTHERS_SHARE = 0.1  # the share of the machine's CPU time other programs took from which the gains say so
 # the lock machinery that runs only when a lock is contended: the futex calls and the
 # wake-up an unlock owes a sleeper (a trylock's miss can be a cold line, contended or not)
 CONTENDED_FRAMES = ("futex", "lll_lock_wake", "lll_unlock_wake")
@@ -81,11 +85,34 @@ class Budget:
     threads: dict[str, ThreadTime] = field(default_factory=dict)
     busy_share: float = 0.0  # the threads' busy share, weighted by busy time
     pace: str = ""  # "cpu-bound", "partly cpu-bound", "not cpu-bound", "" when nothing ran
+    cpus: int = 0  # the machine's
+    machine_busy: float = math.nan  # the share of the machine's CPU time that was busy (nan: not read)
+    others: float = math.nan  # of it, the share other programs took (the target's on-CPU time aside)
+    loop: ClosedLoop | None = None  # the loop its clients keep (kvprof.analysis.loop), when measured
 
     def describe(self) -> str:
-        """One sentence: how busy the threads were and what that means for the gains."""
+        """How busy the threads were and what that means for the gains."""
         if not self.pace:
             return "No thread of the target was seen busy: no gain can be predicted."
+        if self.loop is not None:
+            return self.loop.describe() + self._machine()
+        return self._threads() + self._machine()
+
+    def _machine(self) -> str:
+        if not self.others >= OTHERS_SHARE:  # False when nan
+            return ""
+        return (
+            f" The machine's {self.cpus} CPUs were {self.machine_busy:.0%} busy, "
+            f"{self.others:.0%} of their time with other programs: "
+            + (
+                "a client among them speeds up too when a fix frees CPU, which the loop leaves out."
+                if self.loop is not None
+                else "if one is the client, it takes its share of the CPU a fix frees, and the "
+                "gains are upper bounds."
+            )
+        )
+
+    def _threads(self) -> str:
         how = (
             f"The target's busy threads were on a CPU, waiting for one or on a contended lock "
             f"{self.busy_share:.0%} of the time"
@@ -139,6 +166,13 @@ def asleep_share(p: Profile) -> dict[str, float]:
     return out
 
 
+def machine_busy(p: Profile) -> float:
+    """The share of the machine's CPU time that was busy over the window (nan when the
+    recording did not read it)."""
+    busy, idle = p.status.counters.get(MACHINE_BUSY, 0), p.status.counters.get(MACHINE_IDLE, 0)
+    return busy / (busy + idle) if busy + idle > 0 else math.nan
+
+
 def budget(p: Profile) -> Budget:
     """Every thread's time budget over the window."""
     dur, hz = seconds(p), p.hz or HZ
@@ -152,6 +186,10 @@ def budget(p: Profile) -> Budget:
         runnable = th.runnable_ns / 1e9 / dur if th else 0.0
         busy = min(1.0, on + runnable + waits.get(tid, 0.0) * asleep.get(tid, 1.0) / 1e9 / dur)
         out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
+    serving = sum(1 for t in out.threads.values() if t.busy >= SERVING)
+    out.loop = loop.of(p.loop, p.loop.seconds or dur, serving) if serving else None
+    out.cpus, out.machine_busy = p.host.cpus, machine_busy(p)
+    out.others = max(0.0, out.machine_busy - sum(t.on_cpu for t in out.threads.values()) / (p.host.cpus or 1))
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
         out.busy_share = sum(t.busy * t.busy for t in out.threads.values()) / total
@@ -166,10 +204,14 @@ def budget(p: Profile) -> Budget:
 
 
 def gain(b: Budget, removed: dict[str, float]) -> float:
-    """The throughput gained when `removed` (tid -> share of the wall time) goes from each thread."""
+    """The throughput gained when `removed` (tid -> share of the wall time) goes from each
+    thread: through the clients' loop when it was measured, else from each thread's busy share."""
     total = sum(t.busy for t in b.threads.values())
     if total <= 0:
         return 0.0
+    if b.loop is not None:
+        gone = sum(min(r, 0.95 * b.threads[t].busy) for t, r in removed.items() if t in b.threads and r > 0)
+        return b.loop.gain(gone / total)
     out = 0.0
     for tid, r in removed.items():
         t = b.threads.get(tid)

@@ -12,7 +12,8 @@ import platform
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from kvprof.collect.cpustat import cpu_times
 
 # --wait-idle: a run starts when the machine was IDLE_THRESHOLD idle for
 # IDLE_WINDOW_S, or after IDLE_TIMEOUT_S anyway.
@@ -41,27 +42,6 @@ def process_run_ns(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue  # the thread ended
     return total
-
-
-@dataclass(frozen=True)
-class CpuTimes:
-    """The whole machine's CPU seconds since boot, from /proc/stat's first line."""
-
-    busy: float  # user, nice, system, irq, softirq
-    idle: float  # idle and iowait
-    steal: float  # taken by the hypervisor for other guests while we wanted to run
-
-    @property
-    def total(self) -> float:
-        return self.busy + self.idle + self.steal
-
-
-def cpu_times() -> CpuTimes:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    tick = os.sysconf("SC_CLK_TCK")
-    return CpuTimes((user + nice + system + irq + softirq) / tick, (idle + iowait) / tick, steal / tick)
 
 
 def idle_share(seconds: float) -> float:

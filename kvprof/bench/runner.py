@@ -38,9 +38,10 @@ from kvprof.bench.loadgen import (
     memcaslap_counts,
     tail,
 )
-from kvprof.bench.machine import children_cpu_s, cpu_times, process_cpu_s, wait_idle
+from kvprof.bench.machine import children_cpu_s, process_cpu_s, wait_idle
 from kvprof.bench.placement import Placement
 from kvprof.bench.variants import KVLOAD, MEMCACHED, MEMCASLAP, Plan, ServerConfig, Variant
+from kvprof.collect.cpustat import cpu_times
 from kvprof.system.attach import stop_on_signals
 from kvprof.system.servers import Server, TargetError, start_kvcached, start_memcached
 

@@ -58,6 +58,7 @@ PROBE_FILES = (
     "clock.bpf.c",
     "hold.bpf.c",
     "locks.bpf.c",
+    "loop.bpf.c",
     "offcpu.bpf.c",
     "offsample.bpf.c",
     "oncpu.bpf.c",
@@ -103,6 +104,7 @@ COLLECTORS: dict[str, str] = {
     "pyspy": "PySpyCollector",
     "perf": "PerfCollector",
     "hold": "HoldCollector",
+    "loop": "LoopCollector",
 }
 
 
@@ -122,6 +124,13 @@ def collector_class(module_name: str) -> type:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
+# the loop collector's tcp:tcp_probe tracepoint fires for every TCP segment the machine
+# receives: it is attached this long of every LOOP_EVERY_S (kvprof.collect.loop)
+LOOP_ON_S = 0.1
+LOOP_EVERY_S = 0.5
+# a sampled or timed hold over this many times its thread's shortest was interrupted (its
+# holder preempted, a page fault) and is left out of the lock's hold time (probes/common.h)
+INTERRUPTED = 16
 # Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
 # 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
 OFFCPU_HZ = 5
@@ -202,4 +211,5 @@ class CollectOptions:
             f"-DSTACK_STORAGE={self.stack_storage}",
             f"-DMAX_ENTRIES={self.max_entries}",
             f"-DHIST_SLOTS={HIST_SLOTS}",
+            f"-DINTERRUPTED={INTERRUPTED}",
         ]

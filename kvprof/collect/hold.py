@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvprof.collect import UPROBE_HIT_NS, CollectError, CollectOptions
+from kvprof.collect import INTERRUPTED, UPROBE_HIT_NS, CollectError, CollectOptions
 from kvprof.collect.bpf import (
     BpfCollector,
     Module,
@@ -75,7 +75,8 @@ class Site:
 
 @dataclass
 class _Snapshot:
-    threads: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # tid -> acquisitions, ns, min
+    # tid -> acquisitions, ns, shortest, and of them the interrupted ones and their ns
+    threads: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # attached so far
 
@@ -247,7 +248,7 @@ class HoldCollector(BpfCollector):
     def _read(self) -> _Snapshot:
         snap = _Snapshot(seconds=self.seconds())
         for tid, v in map_items(self.table("threads")):
-            snap.threads[int(tid)] = (v.acquisitions, v.hold_ns, v.min_ns)
+            snap.threads[int(tid)] = (v.acquisitions, v.hold_ns, v.min_ns, v.interrupted, v.interrupted_ns)
             self._names.first_seen(int(tid))
         snap.counters = percpu_counters(self.table("counters"), COUNTERS)
         return snap
@@ -269,10 +270,12 @@ class HoldCollector(BpfCollector):
 def to_hold(name: str, address: int, snap: _Snapshot) -> LockHold:
     """The lock's holds over the seconds it was probed, each one counted (no sampling)."""
     h = LockHold(name=name, address=address, window_s=round(snap.seconds, 3))
-    for tid, (n, ns, shortest) in snap.threads.items():
+    for tid, (n, ns, shortest, interrupted, interrupted_ns) in snap.threads.items():
         h.acquisitions += n
         h.hold_ns += ns
         h.min_ns = shortest if h.min_ns == 0 else min(h.min_ns, shortest)
+        h.interrupted += interrupted
+        h.interrupted_ns += interrupted_ns
         h.by_thread[str(tid)] = ThreadHolds(n, ns)
     h.samples = h.acquisitions
     return h
@@ -281,7 +284,7 @@ def to_hold(name: str, address: int, snap: _Snapshot) -> LockHold:
 def note(name: str, snap: _Snapshot) -> str:
     """What the measurement did and cost, for the report."""
     hits = snap.counters.get("hits", 0)
-    acquired = sum(n for n, _, _ in snap.threads.values())
+    acquired = sum(t[0] for t in snap.threads.values())
     cpu_ms = hits * UPROBE_HIT_NS / 1e6
     line = (
         f"hold: {name}'s holds timed by uprobes on glibc's mutex calls for {snap.seconds:.1f} s "
@@ -300,4 +303,10 @@ def note(name: str, snap: _Snapshot) -> str:
         )
     if unmatched:
         line += f"; {unmatched:,} releases had no acquisition seen (taken before, or by a timed lock)"
+    interrupted = sum(t[3] for t in snap.threads.values())
+    if interrupted:
+        line += (
+            f"; {interrupted:,} holds took over {INTERRUPTED}x their thread's shortest (taken for "
+            "interrupted: left out of what moved into the critical section)"
+        )
     return line

@@ -68,6 +68,8 @@ class HoldMapEntry:
     hold_ns: int
     samples: int
     min_ns: int
+    interrupted: int = 0
+    interrupted_ns: int = 0
 
 
 @dataclass
@@ -108,7 +110,17 @@ class LocksCollector(KvsCollector):
             self._names.first_seen(row.tid)
         for k, v in map_items(self.table("holds")):
             snap.holds.append(
-                HoldMapEntry(cstr(k.name), k.lock, k.tid, v.acquisitions, v.hold_ns, v.samples, v.min_ns)
+                HoldMapEntry(
+                    cstr(k.name),
+                    k.lock,
+                    k.tid,
+                    v.acquisitions,
+                    v.hold_ns,
+                    v.samples,
+                    v.min_ns,
+                    v.interrupted,
+                    v.interrupted_ns,
+                )
             )
         for k, n in map_items(self.table("hist")):
             h = snap.hist.setdefault(cstr(k.name), [0] * HIST_SLOTS)
@@ -177,6 +189,8 @@ def aggregate_holds(rows: list[HoldMapEntry]) -> list[LockHold]:
         h.hold_ns += r.hold_ns
         h.samples += r.samples
         h.min_ns = r.min_ns if h.min_ns == 0 else min(h.min_ns, r.min_ns)
+        h.interrupted += r.interrupted
+        h.interrupted_ns += r.interrupted_ns
         t = h.by_thread.setdefault(str(r.tid), ThreadHolds())
         t.acquisitions += r.acquisitions
         t.hold_ns += r.hold_ns

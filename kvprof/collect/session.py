@@ -44,23 +44,24 @@ from kvprof.collect import (
     debuginfod,
     follow,
 )
+from kvprof.collect.cpustat import cpu_times
 from kvprof.collect.gosym import GO_NOTE, target_is_go
 from kvprof.collect.overhead import Meter
 from kvprof.collect.procroot import ns_pid
 from kvprof.collect.server_stats import DEFAULT_GROUPS, TargetStats
 from kvprof.model.delta import delta
-from kvprof.model.profile import Host, Profile, Status, Target, Window
+from kvprof.model.profile import MACHINE_BUSY, MACHINE_IDLE, Host, Profile, Status, Target, Window
 
 if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
     from kvprof.collect.bpf import Module, Program
 
-ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
+ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample", "loop")
 OPT_IN = ("hold",)  # run only when asked for by name (record --hold): never among "all"
 ORDER = ALL_COLLECTORS + OPT_IN  # the order collectors are said in
 # The attach order, after the one compile: what names the contention soonest first (a live
 # view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
-KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample", "hold")
-GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests", "hold")
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample", "loop", "hold")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests", "loop", "hold")
 # collectors that walk and symbolize stacks: their maps take most of a read
 STACK_COLLECTORS = ("oncpu", "offcpu", "regsample")
 # offcpu's per-thread totals run up to the moment it is read (kvprof.collect.offsample):
@@ -502,6 +503,9 @@ class Session:
             if collector.name in READ_AT_THE_EDGES:
                 self._edge = (time.time(), time.monotonic())
             collector.contribute(profile)
+        machine = cpu_times()  # the machine's CPUs besides the target: the what-if's CPU bound
+        profile.status.counters[MACHINE_BUSY] = round(machine.busy * 1e9)
+        profile.status.counters[MACHINE_IDLE] = round(machine.idle * 1e9)
         warnings, notes = debuginfod.said()  # what the names above were read from
         profile.status.warnings += warnings
         profile.status.notes += notes

@@ -25,6 +25,7 @@ from kvprof.model.profile import (
     LockHold,
     LockStack,
     LockStat,
+    Loop,
     OffCpu,
     Profile,
     RequestStat,
@@ -167,6 +168,8 @@ def _holds(new: list[LockHold], old: list[LockHold]) -> list[LockHold]:
                 mine[tid].hold_ns -= t.hold_ns
             out.append(replace(h, acquisitions=h.acquisitions - o.acquisitions, hold_ns=h.hold_ns - o.hold_ns,
                                samples=h.samples - o.samples, window_s=round(h.window_s - o.window_s, 3),
+                               interrupted=h.interrupted - o.interrupted,
+                               interrupted_ns=h.interrupted_ns - o.interrupted_ns,
                                by_thread={t: v for t, v in mine.items() if v.acquisitions > 0}))  # fmt: skip
     return out
 
@@ -228,5 +231,17 @@ def delta(new: Profile, old: Profile) -> Profile:
         requests=_requests(new.requests, old.requests),
         addresses=_addresses(new.addresses, old.addresses),
         status=replace(new.status, counters=counters),
+        loop=_loop(new.loop, old.loop),
         findings=[],
+    )
+
+
+def _loop(new: Loop, old: Loop) -> Loop:
+    senders = {t: n - old.senders.get(t, 0) for t, n in new.senders.items()}
+    return Loop(
+        new.exchanges - old.exchanges,
+        new.server_ns - old.server_ns,
+        new.client_ns - old.client_ns,
+        {t: n for t, n in senders.items() if n > 0},
+        round(new.seconds - old.seconds, 3),
     )

@@ -34,6 +34,9 @@ from kvprof import __version__
 # that has been measured (docs/record.md, "Overhead"): --hz 99 doubles the stacks and
 # that part of the cost.
 HZ = 49
+# status.counters of a recording: the whole machine's CPU ns, busy and idle, over all its CPUs
+MACHINE_BUSY = "machine.busy_ns"
+MACHINE_IDLE = "machine.idle_ns"
 
 # the suffix of a frame that was inlined into the frame before it (rootward)
 INLINED = " [inlined]"
@@ -191,6 +194,10 @@ class LockHold:
     min_ns: int = 0  # the shortest sampled hold: the critical section's own work, nothing moved
     by_thread: dict[str, ThreadHolds] = field(default_factory=dict)
     window_s: float = 0.0  # the seconds it was measured over; 0: the whole window (rates divide by it)
+    # of acquisitions, those of holds over kvprof.collect.INTERRUPTED x their thread's shortest
+    # (taken for interrupted: preempted, a page fault), and their hold ns
+    interrupted: int = 0
+    interrupted_ns: int = 0
 
 
 @dataclass
@@ -353,6 +360,20 @@ def _addresses(d: dict[str, Any]) -> SampledAddresses:
 
 
 @dataclass
+class Loop:
+    """The target's TCP connections as a closed loop (kvprof.collect.loop): exchanges
+    seen whole (a request, its answer back at the client, the next request), and their
+    time in the server (from the request's arrival to the answer's) and in the client (to
+    the next request), summed over the connections."""
+
+    exchanges: int = 0
+    server_ns: int = 0
+    client_ns: int = 0
+    senders: dict[str, int] = field(default_factory=dict)  # the client's threads -> exchanges they started
+    seconds: float = 0.0  # the seconds it was measured over (its stretches'); 0: the whole window
+
+
+@dataclass
 class Profile:
     target: Target
     host: Host = field(default_factory=Host)
@@ -372,6 +393,7 @@ class Profile:
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
     overhead: Overhead = field(default_factory=Overhead)
+    loop: Loop = field(default_factory=Loop)
     missing_symbols: list[MissingSymbols] = field(default_factory=list)
     kvprof_version: str = __version__  # of the kvprof that recorded it; "" in older profiles
 
@@ -438,6 +460,7 @@ class Profile:
                 findings=[Finding(**f) for f in d.get("findings", [])],
                 status=Status(**d.get("status", {})),
                 overhead=_overhead(d.get("overhead") or {}),
+                loop=Loop(**(d.get("loop") or {})),
                 missing_symbols=[MissingSymbols(**m) for m in d.get("missing_symbols", [])],
                 kvprof_version=str(d.get("kvprof_version", "")),
             )

@@ -37,6 +37,8 @@ struct hold_val {
     u64 acquisitions;
     u64 hold_ns;
     u64 min_ns;
+    u64 interrupted;  // of acquisitions, those of holds kv_interrupted() says were interrupted
+    u64 interrupted_ns;  // and their hold ns
 };
 
 // hits: every program run (each one a trap in the target); short: holds shorter than the
@@ -88,6 +90,10 @@ static __always_inline void hold_end(u64 now, u32 tid)
     }
     v->acquisitions += 1;  // one writer: the thread itself
     v->hold_ns += ns;
+    if (kv_interrupted(ns, v->min_ns)) {
+        v->interrupted += 1;
+        v->interrupted_ns += ns;
+    }
     if (v->min_ns == 0 || ns < v->min_ns)
         v->min_ns = ns;
 }

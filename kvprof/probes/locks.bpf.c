@@ -52,6 +52,8 @@ struct locks_hold_val {
     u64 hold_ns;
     u64 samples;
     u64 min_ns;
+    u64 interrupted;  // of acquisitions, those of holds kv_interrupted() says were interrupted
+    u64 interrupted_ns;  // and their hold ns
 };
 
 BPF_HASH(locks_waits, struct locks_key, struct locks_val, MAX_ENTRIES);
@@ -139,6 +141,10 @@ int locks_on_hold(struct pt_regs *ctx)
     __sync_fetch_and_add(&v->acquisitions, weight);
     __sync_fetch_and_add(&v->hold_ns, ns * weight);
     __sync_fetch_and_add(&v->samples, 1);
+    if (kv_interrupted(ns, v->min_ns)) {  /* one key is one thread: its own shortest */
+        __sync_fetch_and_add(&v->interrupted, weight);
+        __sync_fetch_and_add(&v->interrupted_ns, ns * weight);
+    }
     if (ns < v->min_ns)  /* one key is one thread: no race */
         v->min_ns = ns;
     return 0;
