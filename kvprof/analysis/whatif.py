@@ -16,7 +16,12 @@ a contended line. A per-thread design still does the work itself; only that
 excess goes. `breakdown` gives those parts apart (PARTS), and the CPU per
 request they save: all of them but the waits are CPU.
 
-A thread that is always busy serves 1 / (1 - r) times as fast when a fix
+When the clients' loop was measured (kvprof.collect.loop: a client on this
+machine that waits for each answer), what a fix removes is taken as a share
+of the target's busy time, and the loop (kvprof.analysis.loop) says what a
+server that much faster gives back: all of it when the server sets the
+loop's pace, little when the client does. Otherwise each thread stands for
+itself. A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
 what it gains. A thread busy a share `b` of the time is the bottleneck only
 while busy: the rest of the time the client or the network has the
@@ -189,7 +194,8 @@ def budget(p: Profile) -> Budget:
     serving = sum(1 for t in out.threads.values() if t.busy >= SERVING)
     out.loop = loop.of(p.loop, p.loop.seconds or dur, serving) if serving else None
     out.cpus, out.machine_busy = p.host.cpus, machine_busy(p)
-    out.others = max(0.0, out.machine_busy - sum(t.on_cpu for t in out.threads.values()) / (p.host.cpus or 1))
+    target = sum(t.on_cpu for t in out.threads.values()) / (p.host.cpus or 1)
+    out.others = max(0.0, out.machine_busy - target) if not math.isnan(out.machine_busy) else math.nan
     total = sum(t.busy for t in out.threads.values())
     if total > 0:
         out.busy_share = sum(t.busy * t.busy for t in out.threads.values()) / total
