@@ -34,7 +34,7 @@ from support import (
 
 from kvprof.analysis.own_cost import own_cost
 from kvprof.collect import WATCH_NICE
-from kvprof.model.profile import Profile
+from kvprof.model.profile import MACHINE_BUSY, MACHINE_IDLE, Profile
 from kvprof.system.servers import Server, start_kvcached
 
 ENOUGH_WAITS = 50  # contended topkeys waits for comparing their total wait time with the server's within 10 %
@@ -96,6 +96,11 @@ def test_baseline_profile_names_the_contention(
     # this load is short, and some recordings see none)
     assert p.oncpu and p.offcpu.stacks
     assert not bpf_frames(p), bpf_frames(p)
+    # the machine's CPU time over the window: busy at least with the two workers' samples,
+    # busy and idle together the window's length on every CPU (clock ticks: a margin)
+    busy, idle = p.status.counters[MACHINE_BUSY], p.status.counters[MACHINE_IDLE]
+    assert busy >= sum(t.cpu_samples for t in p.threads.values()) / p.hz * 1e9 * 0.5, (busy, p.threads)
+    assert 0.5 < (busy + idle) / (p.window.duration_s * 1e9 * p.host.cpus) < 1.5, (busy, idle)
 
     topkeys = next(lk for lk in p.locks if lk.name == "topkeys")
     waits = by_name({t: w.waits for t, w in topkeys.by_thread.items()}, p)

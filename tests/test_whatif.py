@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from kvprof.bench import whatif as bench_whatif
 from kvprof.bench.runner import Bench
 from kvprof.bench.variants import SITES
 from kvprof.model.profile import (
+    MACHINE_BUSY,
+    MACHINE_IDLE,
     AddressSample,
     CpuStack,
     LockHold,
@@ -158,6 +161,22 @@ def test_only_lines_moved_in_by_another_holder_are_excess() -> None:
     assert held_excess(p, lock) == pytest.approx({T0: 0.01, T1: 0.01})
     p.holds[0].by_thread = {T0: two[T0]}
     assert not any(held_excess(p, lock).values())
+
+
+def test_the_what_if_says_when_other_programs_took_the_machine() -> None:
+    """The machine's CPU time over the window (machine.busy_ns, machine.idle_ns): where
+    other programs took a tenth of it or more, the sentence says a client among them
+    takes a share of what a fix frees; not read, or the target alone, it says nothing."""
+    p = _profile(on_cpu=0.5, idle=0.5)  # two workers on half of each of 2 CPUs' time
+    assert math.isnan(budget(p).others) and "other programs" not in budget(p).describe()
+    p.host.cpus = 2
+    p.status.counters.update({MACHINE_BUSY: round(0.9 * DUR * 2e9), MACHINE_IDLE: round(0.1 * DUR * 2e9)})
+    b = budget(p)
+    assert b.machine_busy == pytest.approx(0.9) and b.others == pytest.approx(0.4, abs=0.01)
+    assert "40% of their time with other programs" in b.describe()
+    p.status.counters.update({MACHINE_BUSY: round(0.5 * DUR * 2e9), MACHINE_IDLE: round(0.5 * DUR * 2e9)})
+    assert budget(p).others == pytest.approx(0.0, abs=0.01)
+    assert "other programs" not in budget(p).describe()
 
 
 def test_idle_target_predicts_nothing_and_says_it_is_not_cpu_bound(tmp_path: Path) -> None:

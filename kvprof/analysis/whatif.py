@@ -16,12 +16,7 @@ a contended line. A per-thread design still does the work itself; only that
 excess goes. `breakdown` gives those parts apart (PARTS), and the CPU per
 request they save: all of them but the waits are CPU.
 
-When the clients' loop was measured (kvprof.collect.loop: a client on this
-machine that waits for each answer), what a fix removes is taken as a share
-of the target's busy time, and the loop (kvprof.analysis.loop) says what a
-server that much faster gives back: all of it when the server sets the
-loop's pace, little when the client does. Otherwise each thread stands for
-itself. A thread that is always busy serves 1 / (1 - r) times as fast when a fix
+A thread that is always busy serves 1 / (1 - r) times as fast when a fix
 removes a share `r` of its time: it is the bottleneck, and r / (1 - r) is
 what it gains. A thread busy a share `b` of the time is the bottleneck only
 while busy: the rest of the time the client or the network has the
@@ -49,13 +44,12 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from kvprof.analysis import critical, loop
+from kvprof.analysis import critical
 from kvprof.analysis.findings.common import GAIN_KEY, THRESHOLDS
 from kvprof.analysis.findings.lock_cpu import ID_PREFIX as LOCK_CPU
 from kvprof.analysis.findings.lock_cpu import lock_addresses
 from kvprof.analysis.hotspots import normalize
 from kvprof.analysis.lines import LINE, line_table
-from kvprof.analysis.loop import ClosedLoop
 from kvprof.analysis.tables import locks, seconds
 from kvprof.model.profile import HZ, MACHINE_BUSY, MACHINE_IDLE, Finding, Profile
 
@@ -64,7 +58,6 @@ REMOVED_KEY = "removed_share"  # in each finding's cost: the busiest thread's sh
 COUNTED = ("critical", "warning")  # the severities gain_if_all_fixed takes together
 CPU_BOUND = 0.8  # the threads' busy share from which the target is CPU-bound
 NOT_BOUND = 0.5  # and under which it is not: its threads wait more than they serve
-SERVING = 0.1  # the busy share from which a thread is one of the loop's server threads
 OTHERS_SHARE = 0.1  # the share of the machine's CPU time other programs took from which the gains say so
 # the lock machinery that runs only when a lock is contended: the futex calls and the
 # wake-up an unlock owes a sleeper (a trylock's miss can be a cold line, contended or not)
@@ -93,14 +86,11 @@ class Budget:
     cpus: int = 0  # the machine's
     machine_busy: float = math.nan  # the share of the machine's CPU time that was busy (nan: not read)
     others: float = math.nan  # of it, the share other programs took (the target's on-CPU time aside)
-    loop: ClosedLoop | None = None  # the loop its clients keep (kvprof.analysis.loop), when measured
 
     def describe(self) -> str:
         """How busy the threads were and what that means for the gains."""
         if not self.pace:
             return "No thread of the target was seen busy: no gain can be predicted."
-        if self.loop is not None:
-            return self.loop.describe() + self._machine()
         return self._threads() + self._machine()
 
     def _machine(self) -> str:
@@ -108,13 +98,8 @@ class Budget:
             return ""
         return (
             f" The machine's {self.cpus} CPUs were {self.machine_busy:.0%} busy, "
-            f"{self.others:.0%} of their time with other programs: "
-            + (
-                "a client among them speeds up too when a fix frees CPU, which the loop leaves out."
-                if self.loop is not None
-                else "if one is the client, it takes its share of the CPU a fix frees, and the "
-                "gains are upper bounds."
-            )
+            f"{self.others:.0%} of their time with other programs: if one is the client, it "
+            "takes its share of the CPU a fix frees, and the gains are upper bounds."
         )
 
     def _threads(self) -> str:
@@ -191,8 +176,6 @@ def budget(p: Profile) -> Budget:
         runnable = th.runnable_ns / 1e9 / dur if th else 0.0
         busy = min(1.0, on + runnable + waits.get(tid, 0.0) * asleep.get(tid, 1.0) / 1e9 / dur)
         out.threads[tid] = ThreadTime(tid, th.name if th else "", on, busy)
-    serving = sum(1 for t in out.threads.values() if t.busy >= SERVING)
-    out.loop = loop.of(p.loop, p.loop.seconds or dur, serving) if serving else None
     out.cpus, out.machine_busy = p.host.cpus, machine_busy(p)
     target = sum(t.on_cpu for t in out.threads.values()) / (p.host.cpus or 1)
     out.others = max(0.0, out.machine_busy - target) if not math.isnan(out.machine_busy) else math.nan
@@ -210,14 +193,10 @@ def budget(p: Profile) -> Budget:
 
 
 def gain(b: Budget, removed: dict[str, float]) -> float:
-    """The throughput gained when `removed` (tid -> share of the wall time) goes from each
-    thread: through the clients' loop when it was measured, else from each thread's busy share."""
+    """The throughput gained when `removed` (tid -> share of the wall time) goes from each thread."""
     total = sum(t.busy for t in b.threads.values())
     if total <= 0:
         return 0.0
-    if b.loop is not None:
-        gone = sum(min(r, 0.95 * b.threads[t].busy) for t, r in removed.items() if t in b.threads and r > 0)
-        return b.loop.gain(gone / total)
     out = 0.0
     for tid, r in removed.items():
         t = b.threads.get(tid)

@@ -58,7 +58,6 @@ PROBE_FILES = (
     "clock.bpf.c",
     "hold.bpf.c",
     "locks.bpf.c",
-    "loop.bpf.c",
     "offcpu.bpf.c",
     "offsample.bpf.c",
     "oncpu.bpf.c",
@@ -104,7 +103,6 @@ COLLECTORS: dict[str, str] = {
     "pyspy": "PySpyCollector",
     "perf": "PerfCollector",
     "hold": "HoldCollector",
-    "loop": "LoopCollector",
 }
 
 
@@ -124,10 +122,6 @@ def collector_class(module_name: str) -> type:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
-# the loop collector's tcp:tcp_probe tracepoint fires for every TCP segment the machine
-# receives: it is attached this long of every LOOP_EVERY_S (kvprof.collect.loop)
-LOOP_ON_S = 0.1
-LOOP_EVERY_S = 0.5
 # a sampled or timed hold over this many times its thread's shortest was interrupted (its
 # holder preempted, a page fault) and is left out of the lock's hold time (probes/common.h)
 INTERRUPTED = 16

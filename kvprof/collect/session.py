@@ -55,13 +55,13 @@ from kvprof.model.profile import MACHINE_BUSY, MACHINE_IDLE, Host, Profile, Stat
 if TYPE_CHECKING:  # bcc is imported only once a BPF collector is made
     from kvprof.collect.bpf import Module, Program
 
-ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample", "loop")
+ALL_COLLECTORS = ("oncpu", "offcpu", "locks", "cachelines", "requests", "regsample")
 OPT_IN = ("hold",)  # run only when asked for by name (record --hold): never among "all"
 ORDER = ALL_COLLECTORS + OPT_IN  # the order collectors are said in
 # The attach order, after the one compile: what names the contention soonest first (a live
 # view shows the first numbers meanwhile); py-spy and perf, which compile nothing, first.
-KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample", "loop", "hold")
-GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests", "loop", "hold")
+KVS_ORDER = ("locks", "cachelines", "oncpu", "offcpu", "requests", "regsample", "hold")
+GENERIC_ORDER = ("offcpu", "oncpu", "regsample", "locks", "cachelines", "requests", "hold")
 # collectors that walk and symbolize stacks: their maps take most of a read
 STACK_COLLECTORS = ("oncpu", "offcpu", "regsample")
 # offcpu's per-thread totals run up to the moment it is read (kvprof.collect.offsample):

@@ -25,7 +25,6 @@ from kvprof.model.profile import (
     LockHold,
     LockStack,
     LockStat,
-    Loop,
     OffCpu,
     Profile,
     RequestStat,
@@ -231,17 +230,5 @@ def delta(new: Profile, old: Profile) -> Profile:
         requests=_requests(new.requests, old.requests),
         addresses=_addresses(new.addresses, old.addresses),
         status=replace(new.status, counters=counters),
-        loop=_loop(new.loop, old.loop),
         findings=[],
-    )
-
-
-def _loop(new: Loop, old: Loop) -> Loop:
-    senders = {t: n - old.senders.get(t, 0) for t, n in new.senders.items()}
-    return Loop(
-        new.exchanges - old.exchanges,
-        new.server_ns - old.server_ns,
-        new.client_ns - old.client_ns,
-        {t: n for t, n in senders.items() if n > 0},
-        round(new.seconds - old.seconds, 3),
     )

@@ -360,20 +360,6 @@ def _addresses(d: dict[str, Any]) -> SampledAddresses:
 
 
 @dataclass
-class Loop:
-    """The target's TCP connections as a closed loop (kvprof.collect.loop): exchanges
-    seen whole (a request, its answer back at the client, the next request), and their
-    time in the server (from the request's arrival to the answer's) and in the client (to
-    the next request), summed over the connections."""
-
-    exchanges: int = 0
-    server_ns: int = 0
-    client_ns: int = 0
-    senders: dict[str, int] = field(default_factory=dict)  # the client's threads -> exchanges they started
-    seconds: float = 0.0  # the seconds it was measured over (its stretches'); 0: the whole window
-
-
-@dataclass
 class Profile:
     target: Target
     host: Host = field(default_factory=Host)
@@ -393,7 +379,6 @@ class Profile:
     findings: list[Finding] = field(default_factory=list)
     status: Status = field(default_factory=Status)
     overhead: Overhead = field(default_factory=Overhead)
-    loop: Loop = field(default_factory=Loop)
     missing_symbols: list[MissingSymbols] = field(default_factory=list)
     kvprof_version: str = __version__  # of the kvprof that recorded it; "" in older profiles
 
@@ -460,7 +445,6 @@ class Profile:
                 findings=[Finding(**f) for f in d.get("findings", [])],
                 status=Status(**d.get("status", {})),
                 overhead=_overhead(d.get("overhead") or {}),
-                loop=Loop(**(d.get("loop") or {})),
                 missing_symbols=[MissingSymbols(**m) for m in d.get("missing_symbols", [])],
                 kvprof_version=str(d.get("kvprof_version", "")),
             )
