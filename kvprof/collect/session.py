@@ -503,7 +503,7 @@ class Session:
             if collector.name in READ_AT_THE_EDGES:
                 self._edge = (time.time(), time.monotonic())
             collector.contribute(profile)
-        machine = cpu_times()  # the machine's CPUs besides the target: the what-if's CPU bound
+        machine = cpu_times()  # the whole machine: what else ran beside the target (the what-if says)
         profile.status.counters[MACHINE_BUSY] = round(machine.busy * 1e9)
         profile.status.counters[MACHINE_IDLE] = round(machine.idle * 1e9)
         warnings, notes = debuginfod.said()  # what the names above were read from
