@@ -122,9 +122,13 @@ def collector_class(module_name: str) -> type:
 
 STACK_STORAGE = 16384  # stack ids per stack map (raise if stack_errors show up)
 MAX_ENTRIES = 10240  # entries per aggregation map (raise if map_full shows up)
-# a sampled or timed hold over this many times its thread's shortest was interrupted (its
-# holder preempted, a page fault) and is left out of the lock's hold time (probes/common.h)
+# a sampled or timed hold over this many times its thread's shortest (or than
+# INTERRUPTED_MIN_NS, when the shortest is shorter) is taken for interrupted: its holder
+# preempted, a page fault. It stays in the hold time and is left out of what moved into the
+# critical section (probes/common.h, kvprof.analysis.critical). The floor keeps a shortest
+# hold of a few ns (record --hold's, less the probes' own time) from making every hold one.
 INTERRUPTED = 16
+INTERRUPTED_MIN_NS = 100
 # Looks a second at each thread of the target for off-CPU samples (kvprof.collect.offsample);
 # 0: time every switch instead (kvprof.collect.offcpu: exact, at a cost at every switch)
 OFFCPU_HZ = 5
@@ -206,4 +210,5 @@ class CollectOptions:
             f"-DMAX_ENTRIES={self.max_entries}",
             f"-DHIST_SLOTS={HIST_SLOTS}",
             f"-DINTERRUPTED={INTERRUPTED}",
+            f"-DINTERRUPTED_MIN_NS={INTERRUPTED_MIN_NS}",
         ]

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvprof.collect import INTERRUPTED, UPROBE_HIT_NS, CollectError, CollectOptions
+from kvprof.collect import INTERRUPTED, INTERRUPTED_MIN_NS, UPROBE_HIT_NS, CollectError, CollectOptions
 from kvprof.collect.bpf import (
     BpfCollector,
     Module,
@@ -306,7 +306,8 @@ def note(name: str, snap: _Snapshot) -> str:
     interrupted = sum(t[3] for t in snap.threads.values())
     if interrupted:
         line += (
-            f"; {interrupted:,} holds took over {INTERRUPTED}x their thread's shortest (taken for "
-            "interrupted: left out of what moved into the critical section)"
+            f"; {interrupted:,} holds took over {INTERRUPTED}x their thread's shortest, and over "
+            f"{INTERRUPTED * INTERRUPTED_MIN_NS:,} ns (taken for interrupted: left out of what moved "
+            "into the critical section)"
         )
     return line

@@ -20,7 +20,7 @@
 #include <uapi/linux/ptrace.h>
 
 #if !defined(TARGET_TGID) || !defined(STACK_STORAGE) || !defined(MAX_ENTRIES) || !defined(HIST_SLOTS) || \
-    !defined(INTERRUPTED)
+    !defined(INTERRUPTED) || !defined(INTERRUPTED_MIN_NS)
 #error "compile with the -D flags of CollectOptions.cflags() (kvprof/collect/__init__.py)"
 #endif
 
@@ -74,13 +74,14 @@ static __always_inline int kv_add_percpu(u64 *counter, u64 n)
     return 1;
 }
 
-/* A hold over INTERRUPTED (-D, kvprof.collect.INTERRUPTED) times its thread's shortest
- * one was interrupted (its holder preempted, a page fault): the lock is not busy for the
- * critical section's work then, nor are lines moving in. The hold probes count it apart
- * too (kvprof.analysis.critical leaves it out of what moved in). */
+/* A hold over INTERRUPTED times its thread's shortest one, or than INTERRUPTED_MIN_NS
+ * when that is shorter (-D, kvprof.collect), was interrupted (its holder preempted, a
+ * page fault): no lines were moving in meanwhile. The hold probes count it apart too
+ * (kvprof.analysis.critical leaves it out of what moved in). */
 static __always_inline int kv_interrupted(u64 ns, u64 shortest)
 {
-    return shortest != 0 && shortest != ~0ULL && ns > INTERRUPTED * shortest;
+    u64 base = shortest > INTERRUPTED_MIN_NS ? shortest : INTERRUPTED_MIN_NS;
+    return shortest != 0 && shortest != ~0ULL && ns > INTERRUPTED * base;
 }
 
 #define KV_IDX(i) (&(int){(i)})
