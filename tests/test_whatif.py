@@ -374,7 +374,13 @@ def test_whatif_table_judges_each_prediction() -> None:
     # what each prediction removes, part by part, beside the CPU per op toggling saved
     prediction.parts = {"fixed": {"lock waits": 0.1, "shared counter CPU": 0.0}}
     prediction.cpu_saved = {"fixed": 0.125}
-    toggled["fixed"] = bench_whatif.Toggled("fixed", toggled["fixed"].ratios, (1.2, 1.1, 1.1))
+    W = bench_whatif.Window
+    where = (
+        (W(900, 500, 250), W(800, 500, 250)),
+        (W(910, 510, 240), W(790, 490, 260)),
+        (W(890, 500, 260), W(800, 510, 250)),
+    )
+    toggled["fixed"] = bench_whatif.Toggled("fixed", toggled["fixed"].ratios, (1.2, 1.1, 1.1), where)
     rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled)}
     base = group.variants[0].name
     rec = bench_whatif.Recorder(predict=lambda p, f: prediction, predicted={base: prediction})
@@ -382,20 +388,35 @@ def test_whatif_table_judges_each_prediction() -> None:
     text = " ".join(bench_whatif.render(group.variants, ops, rec))  # wrapped at 80 columns
     said = "fixed removes: lock waits 10.0 %; server CPU per op saved: predicted +12.5 %, toggled +10.0 %"
     assert said in text
+    # and where each operation's CPU time went in the toggled windows, the medians
+    assert (
+        "ns per op toggled, shared -> per-thread: server 900 -> 800, client 500 -> 500, idle 250 -> 250"
+        in text
+    )
     assert "timings removes" not in text  # nothing to break down
     names = {f.name: f.value for f in bench_whatif.figures(group.variants, ops, rec)}
     assert names[f"{group.title}: fixed server CPU per op saved, predicted"] == 12.5
+    assert names[f"{group.title}: fixed toggled, per-thread windows: server ns per op (median)"] == 800
+    assert names[f"{group.title}: fixed toggled, shared windows: idle ns per op (median)"] == 250
     assert rows["fixed"].toggled is not None and rows["fixed"].toggled.cpu_saved == pytest.approx(0.1)
 
 
 def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., Server]) -> None:
-    """The toggled measurement on a real kvcached under kvload: one ratio per pair, the
-    site shared again afterwards; a kvcached that refuses the switch is one clear error."""
+    """The toggled measurement on a real kvcached under kvload: one ratio per pair, each
+    window's CPU time per operation (the server's, the load generator's, the machine's
+    idle), the site shared again afterwards; a kvcached that refuses the switch is one
+    clear error, and so is a load generator that ended."""
     server = kvcached_factory("-t", "2", "--preset", "baseline")
-    with kvload(server, 60):
-        got = bench_whatif.toggled_fix(server, "topkeys", 4, window=0.1, settle=0.01)
+    with kvload(server, 60) as load:
+        got = bench_whatif.toggled_fix(server, "topkeys", 4, window=0.1, settle=0.01, client=load.pid)
         assert got.fix == "topkeys" and len(got.ratios) == 4 and all(r > 0 for r in got.ratios)
         assert len(got.cpu_ratios) == 4 and all(r > 0 for r in got.cpu_ratios)  # the server's CPU per op
+        assert len(got.windows) == 4
+        for shared, fixed in got.windows:
+            assert shared.server > 0 and fixed.server > 0  # both served, and kvload sent
+            assert shared.client > 0 and fixed.client > 0
+            assert shared.idle >= 0 and fixed.idle >= 0
+        assert set(got.per_op()) == {"server", "client", "idle"}
         assert server.stats("settings")["update_topkeys"] == "shared"
         everything = bench_whatif.toggled_fix(server, bench_whatif.ALL, 2, window=0.1, settle=0.01)
         assert len(everything.ratios) == 2 and server.stats("settings")["preset"] == "baseline"
@@ -403,6 +424,8 @@ def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., 
             BenchError, match="kvcached refused `site nope shared`: CLIENT_ERROR unknown site"
         ):
             bench_whatif.toggled_fix(server, "nope", 1)
+    with pytest.raises(BenchError, match=rf"the load generator \(PID {load.pid}\) ended"):
+        bench_whatif.toggled_fix(server, "topkeys", 1, window=0.1, settle=0.01, client=load.pid)
 
 
 @pytest.mark.bpf

@@ -46,6 +46,7 @@ from kvprof.bench.machine import process_run_ns
 from kvprof.bench.runner import Bench
 from kvprof.bench.scenarios import WHATIF, study_client
 from kvprof.bench.variants import KVLOAD, SITES, ClientConfig, Group, Plan, Variant, parse_server
+from kvprof.collect.cpustat import CpuTimes, cpu_times
 from kvprof.collect.server_stats import ops_total
 from kvprof.model.profile import Profile
 from kvprof.system.demo import LOAD_BATCH, LOAD_CONNECTIONS, LOAD_ITEMS, LOAD_SET_PCT
@@ -165,6 +166,21 @@ def record(bench: Bench, v: Variant, seconds: float) -> Profile:
         load.wait(10)
 
 
+PARTS = ("server", "client", "idle")  # where a window's CPU time per operation went
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one toggled window cost per operation, in ns of CPU time: the server's
+    threads, the load generator's, and the machine's idle CPUs (/proc/stat, in clock
+    ticks). The three and the machine's other programs add up to the CPUs' time, so
+    a throughput gain is what they lost per operation together."""
+
+    server: float
+    client: float
+    idle: float
+
+
 @dataclass(frozen=True)
 class Toggled:
     """One fix measured on one server: windows with its site(s) shared and per-thread, alternated."""
@@ -172,6 +188,20 @@ class Toggled:
     fix: str
     ratios: tuple[float, ...]  # per-thread / shared ops/s, pair by pair
     cpu_ratios: tuple[float, ...] = ()  # shared / per-thread server CPU per operation, pair by pair
+    windows: tuple[tuple[Window, Window], ...] = ()  # (shared, per-thread), pair by pair
+
+    def per_op(self) -> dict[str, tuple[float, float]]:
+        """Each part's ns per operation, the median of the shared windows' and of the
+        per-thread windows' ({} when the windows were not kept)."""
+        if not self.windows:
+            return {}
+        return {
+            part: (
+                stats.median([getattr(w[0], part) for w in self.windows]),
+                stats.median([getattr(w[1], part) for w in self.windows]),
+            )
+            for part in PARTS
+        }
 
     @property
     def gain(self) -> float:
@@ -210,34 +240,55 @@ def _switch(conn: socket.socket, site: str, mode: str) -> None:
         )
 
 
+def _window(server: Server, client: int | None, seconds: float) -> tuple[float, Window]:
+    """`seconds` of the load: the server's ops/s, and what each operation cost (Window)."""
+
+    def now() -> tuple[int, int, int, CpuTimes, float]:
+        try:
+            ran = process_run_ns(client) if client else 0
+        except OSError:
+            raise BenchError(f"the load generator (PID {client}) ended: the load stopped") from None
+        return ops_done(server), process_run_ns(server.pid), ran, cpu_times(), time.monotonic()
+
+    ops0, server0, client0, cpu0, t0 = now()
+    time.sleep(seconds)
+    ops1, server1, client1, cpu1, t1 = now()
+    ops = ops1 - ops0
+    if ops <= 0:
+        raise BenchError(f"{server.address} served nothing in a window: the load stopped")
+    idle = (cpu1.idle - cpu0.idle) * 1e9
+    return ops / (t1 - t0), Window((server1 - server0) / ops, (client1 - client0) / ops, idle / ops)
+
+
 def toggled_fix(
-    server: Server, fix: str, pairs: int, window: float = TOGGLE_WINDOW_S, settle: float = TOGGLE_SETTLE_S
+    server: Server,
+    fix: str,
+    pairs: int,
+    window: float = TOGGLE_WINDOW_S,
+    settle: float = TOGGLE_SETTLE_S,
+    client: int | None = None,
 ) -> Toggled:
     """`fix` (a site's flag, or ALL) on a server that runs under load: `pairs` pairs of
-    `window`-second windows, A B / B A, per-thread against shared; shared again after."""
+    `window`-second windows, A B / B A, per-thread against shared; shared again after.
+    `client`: the load generator's PID, whose CPU time per operation each window keeps."""
     site = "all" if fix == ALL else fix
-    ratios, cpu_ratios = [], []
+    ratios, cpu_ratios, windows = [], [], []
     with socket.create_connection((server.host, server.port), timeout=5) as conn:
         _switch(conn, site, "shared")  # a kvcached that cannot switch it says so here
         try:
             for i in range(pairs):
-                rate, cpu = {}, {}
+                rate, cost = {}, {}
                 for fixed in (False, True) if i % 2 == 0 else (True, False):
                     _switch(conn, site, "per-thread" if fixed else "shared")
                     time.sleep(settle)
-                    ops0, ns0, t0 = ops_done(server), process_run_ns(server.pid), time.monotonic()
-                    time.sleep(window)
-                    ops = ops_done(server) - ops0
-                    rate[fixed] = ops / (time.monotonic() - t0)
-                    cpu[fixed] = (process_run_ns(server.pid) - ns0) / ops if ops > 0 else 0.0
-                if rate[False] <= 0:
-                    raise BenchError(f"{server.address} served nothing in a window: the load stopped")
+                    rate[fixed], cost[fixed] = _window(server, client, window)
                 ratios.append(rate[True] / rate[False])
-                if cpu[True] > 0:
-                    cpu_ratios.append(cpu[False] / cpu[True])
+                if cost[True].server > 0:
+                    cpu_ratios.append(cost[False].server / cost[True].server)
+                windows.append((cost[False], cost[True]))
         finally:
             _switch(conn, site, "shared")
-    return Toggled(fix, tuple(ratios), tuple(cpu_ratios))
+    return Toggled(fix, tuple(ratios), tuple(cpu_ratios), tuple(windows))
 
 
 @dataclass
@@ -289,16 +340,18 @@ def interleaved(
     said: list[Predicted] = []
     ratios: dict[str, list[float]] = {fix: [] for fix in names}
     cpu: dict[str, list[float]] = {fix: [] for fix in names}
+    windows: dict[str, list[tuple[Window, Window]]] = {fix: [] for fix in names}
     profiles: list[Profile] = []
     try:
         time.sleep(SETTLE_S)
         for b in range(blocks):
             profiles.append(profile_of(server, seconds))
             said.append(predict(profiles[-1], fixes()))
-            now = {fix: toggled_fix(server, fix, pairs) for fix in names}
+            now = {fix: toggled_fix(server, fix, pairs, client=load.pid) for fix in names}
             for fix in names:
                 ratios[fix] += now[fix].ratios
                 cpu[fix] += now[fix].cpu_ratios
+                windows[fix] += now[fix].windows
             bench.say(
                 f"[toggle] {v.name}, block {b + 1}/{blocks}, this block's pairs: "
                 + ", ".join(
@@ -309,7 +362,7 @@ def interleaved(
     finally:
         load.terminate()
         load.wait(10)
-    toggled = {fix: Toggled(fix, tuple(r), tuple(cpu[fix])) for fix, r in ratios.items()}
+    toggled = {fix: Toggled(fix, tuple(r), tuple(cpu[fix]), tuple(windows[fix])) for fix, r in ratios.items()}
     return Mean.of(said), toggled, profiles
 
 
@@ -494,6 +547,12 @@ def _part_figures(group: str, r: Check, said: Predicted) -> list[published.Figur
             f"{group}: {r.fix} server CPU per op saved, toggled (the pairs' median, shared / per-thread - 1)"
         )
         out.append(published.Figure(name, round(100 * t.cpu_saved, 2), "%", n=len(t.cpu_ratios)))
+    if t is None:
+        return out
+    for part, (shared, fixed) in t.per_op().items():
+        for mode, ns in (("shared", shared), ("per-thread", fixed)):
+            name = f"{group}: {r.fix} toggled, {mode} windows: {part} ns per op (median)"
+            out.append(published.Figure(name, round(ns, 1), "ns", n=len(t.windows)))
     return out
 
 
@@ -506,11 +565,18 @@ def _part_lines(rows: Sequence[Check], said: Predicted) -> list[str]:
         if not parts:
             continue
         saved = r.toggled.cpu_saved if r.toggled is not None else None
+        per_op = r.toggled.per_op() if r.toggled is not None else {}
         out += table.wrap(
             f"{r.fix} removes: "
             + ", ".join(f"{k} {v * 100:.1f} %" for k, v in parts.items())
             + f"; server CPU per op saved: predicted {_pct(said.cpu_saved.get(r.fix, 0.0))}"
             + (f", toggled {_pct(saved)}" if saved is not None else "")
+            + (
+                "; ns per op toggled, shared -> per-thread: "
+                + ", ".join(f"{part} {a:.0f} -> {b:.0f}" for part, (a, b) in per_op.items())
+                if per_op
+                else ""
+            )
         )
     return out
 
