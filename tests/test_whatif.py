@@ -399,6 +399,29 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert names[f"{group.title}: fixed toggled, per-thread windows: server ns per op (median)"] == 800
     assert names[f"{group.title}: fixed toggled, shared windows: idle ns per op (median)"] == 250
     assert rows["fixed"].toggled is not None and rows["fixed"].toggled.cpu_saved == pytest.approx(0.1)
+    # each lock's mean hold in baseline and in the fixed preset, beside the prediction
+    rec.holds = {base: {"topkeys": 201.4}, group.variants[-1].name: {"topkeys_thread": 180.0}}
+    text = " ".join(bench_whatif.render(group.variants, ops, rec))
+    assert f"{base} topkeys 201 ns; {group.variants[-1].name} topkeys_thread 180 ns" in text
+    names = {f.name: f.value for f in bench_whatif.figures(group.variants, ops, rec)}
+    assert names[f"{group.title}: {base}: mean hold of topkeys (interrupted holds aside)"] == 201.4
+
+
+def test_mean_holds_leave_the_interrupted_aside() -> None:
+    """A lock's mean hold over several profiles, weighted by acquisitions, less the holds
+    taken for interrupted; its addresses (one per thread of a per-thread design) together."""
+    p = _profile(on_cpu=0.5, idle=0.5)
+    p.holds = [
+        LockHold("topkeys", 1, acquisitions=1000, hold_ns=990 * 200 + 10 * 50_000, interrupted=10,
+                 interrupted_ns=10 * 50_000),
+        LockHold("topkeys_thread", 2, acquisitions=100, hold_ns=100 * 150),
+        LockHold("topkeys_thread", 3, acquisitions=300, hold_ns=300 * 250),
+        LockHold("never", 4),
+    ]  # fmt: skip
+    q = _profile(on_cpu=0.5, idle=0.5)
+    q.holds = [LockHold("topkeys", 1, acquisitions=990, hold_ns=990 * 100)]
+    got = bench_whatif.mean_holds([p, q])
+    assert got == {"topkeys": pytest.approx((990 * 200 + 990 * 100) / 1980), "topkeys_thread": 225.0}
 
 
 def test_a_fix_toggled_on_one_server_under_load(kvcached_factory: Callable[..., Server]) -> None:

@@ -366,6 +366,22 @@ def interleaved(
     return Mean.of(said), toggled, profiles
 
 
+def mean_holds(profiles: Sequence[Profile]) -> dict[str, float]:
+    """Each named lock's mean hold in ns over `profiles`, the holds taken for interrupted
+    aside: what a critical section took with the lines it touched where they were. A
+    shared design's section that pulls lines another core dirtied holds longer than the
+    same section per thread."""
+    ns: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for p in profiles:
+        for h in p.holds:
+            n = h.acquisitions - h.interrupted
+            if n > 0:
+                ns[h.name] = ns.get(h.name, 0.0) + h.hold_ns - h.interrupted_ns
+                count[h.name] = count.get(h.name, 0) + n
+    return {name: ns[name] / count[name] for name in sorted(ns)}
+
+
 @dataclass
 class Recorder:
     """Before the rounds: records `fixed` and keeps what the model said; measures each fix
@@ -380,6 +396,7 @@ class Recorder:
     blocks: int = TOGGLE_BLOCKS
     predicted: dict[str, Predicted] = field(default_factory=dict)  # variant name -> prediction
     toggled: dict[str, dict[str, Toggled]] = field(default_factory=dict)  # baseline's name -> fix -> gain
+    holds: dict[str, dict[str, float]] = field(default_factory=dict)  # variant name -> lock -> mean hold ns
 
     def _keep(self, v: Variant, p: Profile, suffix: str = "") -> None:
         if self.keep is not None:
@@ -403,6 +420,7 @@ class Recorder:
                     self.predict,
                 )
                 self.predicted[base.name], self.toggled[base.name] = said, toggled
+                self.holds[base.name] = mean_holds(profiles)
                 for i, p in enumerate(profiles):
                     self._keep(base, p, f"-block{i + 1}")
             for v in (fixed,) if self.toggle_pairs else (base, fixed):
@@ -410,6 +428,7 @@ class Recorder:
                 p = record(bench, v, self.seconds)
                 self._keep(v, p)
                 self.predicted[v.name] = self.predict(p, fixes())
+                self.holds[v.name] = mean_holds([p])
             busy = self.predicted[base.name]
             bench.say(f"[record] {base.name}: busy {busy.busy_share:.0%} ({busy.pace})")
 
@@ -527,6 +546,12 @@ def figures(
                 )
             )
         out += _part_figures(group[0].group, r, said)
+    for v in (group[0], group[-1]):
+        out += [
+            published.Figure(f"{v.group}: {v.name}: mean hold of {lock} (interrupted holds aside)",
+                             round(ns, 1), "ns")
+            for lock, ns in rec.holds.get(v.name, {}).items()
+        ]  # fmt: skip
     return out
 
 
@@ -630,6 +655,9 @@ def render(
         + ("as measured" if not misses else "NOT as measured: " + ", ".join(misses))
     )
     lines.append(f"{base}: its busy threads were busy {said.busy_share:.0%} of the time ({said.pace})")
+    held = [f"{v} {lock} {ns:.0f} ns" for v in (base, fixed) for lock, ns in rec.holds.get(v, {}).items()]
+    if held:
+        lines += table.wrap("mean hold of each lock, interrupted holds aside: " + "; ".join(held))
     other = rec.predicted.get(fixed)
     if other is not None:
         verdict = "below" if other.largest <= FIXED_MAX else "NOT below"
