@@ -24,6 +24,11 @@ runs in blocks (`interleaved`): a profile of baseline, then every fix
 toggled for its share of the pairs, again and again under one load; the
 prediction judged is the mean of the blocks' predictions.
 
+Each toggled window also keeps where an operation's CPU time went (Window:
+the server's threads, the load generator's, the machine's idle CPUs), and
+each named lock's mean hold is taken from baseline's and fixed's profiles:
+what the model's parts stand for, measured beside them.
+
 A finding belongs to the fix of the catalog entry it matched (its hotspot id,
 which is kvcached's site flag); the model itself knows nothing of kvcached.
 """
