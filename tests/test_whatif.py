@@ -375,12 +375,12 @@ def test_whatif_table_judges_each_prediction() -> None:
     prediction.parts = {"fixed": {"lock waits": 0.1, "shared counter CPU": 0.0}}
     prediction.cpu_saved = {"fixed": 0.125}
     W = bench_whatif.Window
-    where = (
-        (W(900, 500, 250), W(800, 500, 250)),
-        (W(910, 510, 240), W(790, 490, 260)),
-        (W(890, 500, 260), W(800, 510, 250)),
+    where = (  # the server's CPU per op, shared over per-thread: 1.2, 1.1, 1.1
+        (W(960, 500, 250), W(800, 500, 250)),
+        (W(880, 510, 240), W(800, 490, 260)),
+        (W(990, 500, 260), W(900, 510, 250)),
     )
-    toggled["fixed"] = bench_whatif.Toggled("fixed", toggled["fixed"].ratios, (1.2, 1.1, 1.1), where)
+    toggled["fixed"] = bench_whatif.Toggled("fixed", toggled["fixed"].ratios, where)
     rows = {r.fix: r for r in bench_whatif.checks(group.variants, ops, prediction, toggled)}
     base = group.variants[0].name
     rec = bench_whatif.Recorder(predict=lambda p, f: prediction, predicted={base: prediction})
@@ -390,7 +390,7 @@ def test_whatif_table_judges_each_prediction() -> None:
     assert said in text
     # and where each operation's CPU time went in the toggled windows, the medians
     assert (
-        "ns per op toggled, shared -> per-thread: server 900 -> 800, client 500 -> 500, idle 250 -> 250"
+        "ns per op toggled, shared -> per-thread: server 960 -> 800, client 500 -> 500, idle 250 -> 250"
         in text
     )
     assert "timings removes" not in text  # nothing to break down

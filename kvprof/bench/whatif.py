@@ -192,8 +192,12 @@ class Toggled:
 
     fix: str
     ratios: tuple[float, ...]  # per-thread / shared ops/s, pair by pair
-    cpu_ratios: tuple[float, ...] = ()  # shared / per-thread server CPU per operation, pair by pair
     windows: tuple[tuple[Window, Window], ...] = ()  # (shared, per-thread), pair by pair
+
+    @property
+    def cpu_ratios(self) -> tuple[float, ...]:
+        """Shared over per-thread server CPU per operation, pair by pair."""
+        return tuple(shared.server / fixed.server for shared, fixed in self.windows if fixed.server > 0)
 
     def per_op(self) -> dict[str, tuple[float, float]]:
         """Each part's ns per operation, the median of the shared windows' and of the
@@ -277,7 +281,7 @@ def toggled_fix(
     `window`-second windows, A B / B A, per-thread against shared; shared again after.
     `client`: the load generator's PID, whose CPU time per operation each window keeps."""
     site = "all" if fix == ALL else fix
-    ratios, cpu_ratios, windows = [], [], []
+    ratios, windows = [], []
     with socket.create_connection((server.host, server.port), timeout=5) as conn:
         _switch(conn, site, "shared")  # a kvcached that cannot switch it says so here
         try:
@@ -288,12 +292,10 @@ def toggled_fix(
                     time.sleep(settle)
                     rate[fixed], cost[fixed] = _window(server, client, window)
                 ratios.append(rate[True] / rate[False])
-                if cost[True].server > 0:
-                    cpu_ratios.append(cost[False].server / cost[True].server)
                 windows.append((cost[False], cost[True]))
         finally:
             _switch(conn, site, "shared")
-    return Toggled(fix, tuple(ratios), tuple(cpu_ratios), tuple(windows))
+    return Toggled(fix, tuple(ratios), tuple(windows))
 
 
 @dataclass
@@ -344,7 +346,6 @@ def interleaved(
     load = _load(bench, v, blocks * per_block * 1.5)
     said: list[Predicted] = []
     ratios: dict[str, list[float]] = {fix: [] for fix in names}
-    cpu: dict[str, list[float]] = {fix: [] for fix in names}
     windows: dict[str, list[tuple[Window, Window]]] = {fix: [] for fix in names}
     profiles: list[Profile] = []
     try:
@@ -355,7 +356,6 @@ def interleaved(
             now = {fix: toggled_fix(server, fix, pairs, client=load.pid) for fix in names}
             for fix in names:
                 ratios[fix] += now[fix].ratios
-                cpu[fix] += now[fix].cpu_ratios
                 windows[fix] += now[fix].windows
             bench.say(
                 f"[toggle] {v.name}, block {b + 1}/{blocks}, this block's pairs: "
@@ -367,7 +367,7 @@ def interleaved(
     finally:
         load.terminate()
         load.wait(10)
-    toggled = {fix: Toggled(fix, tuple(r), tuple(cpu[fix]), tuple(windows[fix])) for fix, r in ratios.items()}
+    toggled = {fix: Toggled(fix, tuple(r), tuple(windows[fix])) for fix, r in ratios.items()}
     return Mean.of(said), toggled, profiles
 
 
